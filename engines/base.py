@@ -1,0 +1,136 @@
+"""The engine interface every engine implements, and the request/result types it speaks.
+
+An engine knows nothing of scenarios, load or reports: it is handed a model directory,
+its bounds and a dtype/device, then business requests one at a time (possibly
+concurrently) through `submit`.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence, Union
+
+Sample = Union[str, Sequence[int]]
+Label = Union[str, int]
+
+PREFILL_ONLY = "prefill_only"
+BEAM_SEARCH = "beam_search"
+TASK_KINDS = (PREFILL_ONLY, BEAM_SEARCH)
+
+
+class EngineError(Exception):
+    """An engine could not serve a request (the engine itself keeps serving)."""
+
+
+class RequestRejected(EngineError):
+    """A request is outside the engine's declared bounds or malformed."""
+
+
+class EngineUnavailable(Exception):
+    """The engine cannot run on this machine (missing package, no server, no device)."""
+
+
+@dataclass(frozen=True)
+class PrefillRequest:
+    """Score each sample: softmax over `labels` of the next-token logits at its last position."""
+
+    id: str
+    samples: Sequence[Sample]
+    labels: Sequence[Label]
+    kind: str = PREFILL_ONLY
+
+
+@dataclass(frozen=True)
+class BeamRequest:
+    """Generate exactly `decode_steps` tokens with beam width `beam_width` (EOS masked).
+
+    `allowed`, when given, is a list of token-id sequences (item codes); every beam must
+    stay on a prefix of one of them. Engines may cache structures derived from it by
+    `id(allowed)`: the harness passes the same object for requests sharing the codes.
+    """
+
+    id: str
+    prompt: Sample
+    beam_width: int
+    decode_steps: int
+    allowed: Sequence[Sequence[int]] | None = None
+    kind: str = BEAM_SEARCH
+
+
+Request = Union[PrefillRequest, BeamRequest]
+
+
+@dataclass
+class PrefillResult:
+    id: str
+    scores: list[list[float]]  # [samples][labels], each row sums to 1
+    stages: dict[str, float] = field(default_factory=dict)  # stage name -> ms
+
+
+@dataclass
+class Beam:
+    token_ids: list[int]  # the generated tokens only
+    text: str
+    logprob: float  # cumulative log-probability of the generated tokens
+
+
+@dataclass
+class BeamResult:
+    id: str
+    beams: list[Beam]  # best first
+    stages: dict[str, float] = field(default_factory=dict)
+
+
+Result = Union[PrefillResult, BeamResult]
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What the engine must be ready for; allocate from this at start."""
+
+    max_samples_per_request: int = 16
+    max_prompt_tokens: int = 512
+    max_beam_width: int = 400
+    max_decode_steps: int = 5
+    on_violation: str = "reject"  # or "truncate": cut samples/prompts to the bounds
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_dir: Path
+    dtype: str = "bfloat16"  # "bfloat16" | "float32" | "float16"
+    device: str = "cpu"  # "cpu" | "cuda" | "cuda:N"
+    bounds: Bounds = Bounds()
+    task_kind: str | None = None  # the task an engine may specialise for; None = both
+    options: dict[str, Any] = field(default_factory=dict)  # engine-specific settings
+
+
+class Engine(abc.ABC):
+    """One engine instance. `start` before `submit`; `stop` releases everything."""
+
+    name: str = "engine"
+
+    def __init__(self, config: EngineConfig):
+        self.config = config
+
+    @abc.abstractmethod
+    def start(self) -> None: ...
+
+    def stop(self) -> None:
+        pass
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "dtype": self.config.dtype,
+            "device": self.config.device,
+            "options": dict(self.config.options),
+        }
+
+    @abc.abstractmethod
+    async def submit(self, request: Request) -> Result: ...
+
+    @classmethod
+    def check_available(cls, config: EngineConfig) -> None:
+        """Raise EngineUnavailable with a one-line reason if this engine cannot run here."""

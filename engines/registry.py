@@ -1,0 +1,35 @@
+"""Engines by name. Import paths, not classes, so that `bench --help` stays light and a
+heavy engine is imported only when chosen."""
+from __future__ import annotations
+
+import importlib
+
+from engines.base import Engine, EngineConfig, EngineUnavailable
+
+ENGINES: dict[str, str] = {
+    "noop": "engines.noop:NoopEngine",
+    "hf": "engines.hf:HFEngine",
+    "bounded": "engines.bounded.engine:BoundedEngine",
+    "sglang": "engines.sglang:SGLangEngine",
+}
+
+
+class UnknownEngine(ValueError):
+    pass
+
+
+def engine_class(name: str) -> type[Engine]:
+    if name not in ENGINES:
+        raise UnknownEngine(f"unknown engine {name!r}; known engines: {', '.join(sorted(ENGINES))}")
+    module_name, _, cls_name = ENGINES[name].partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise EngineUnavailable(f"engine {name!r} cannot be imported: {e}") from e
+    return getattr(module, cls_name)
+
+
+def create_engine(name: str, config: EngineConfig) -> Engine:
+    cls = engine_class(name)
+    cls.check_available(config)
+    return cls(config)
