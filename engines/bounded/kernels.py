@@ -1,0 +1,106 @@
+"""Tensor kernels of the bounded engine: norms, rotary embedding, packed attention, GEMMs.
+
+Pure functions over tensors (no modules, no request logic), written so that both eager
+mode and torch.export/Inductor handle them. Shapes: T packed tokens, S sequences, L the
+longest sequence of a batch, H heads, D head dim.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    # x: [..., D] (any float dtype); statistics in float32 like the HF reference, result in
+    # weight.dtype (the GEMM dtype: a float32 residual stream is cast here)
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(weight.dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float) -> Tensor:
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+
+
+def rope_tables(inv_freq: Tensor, max_positions: int) -> tuple[Tensor, Tensor]:
+    # -> cos, sin: [max_positions, D] float32 (angles as in the HF reference: pos * inv_freq)
+    pos = torch.arange(max_positions, dtype=torch.float32)
+    freqs = pos[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    # x: [T, H, D]; cos/sin: [T, D] already in x.dtype
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    return x * cos + rotate_half(x) * sin
+
+
+def swiglu(gate_up: Tensor) -> Tensor:
+    # gate_up: [T, 2I] (gate rows first, as fused at load) -> [T, I]
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def dense_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+    # x: [T, K] 2-D contiguous (a strided 3-D input makes F.linear copy the weight per call)
+    return F.linear(x, weight, bias)
+
+
+def fp8_quantise(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-tensor float8_e4m3fn weight and its float32 scale, for `fp8_linear`."""
+    fmax = torch.finfo(torch.float8_e4m3fn).max
+    scale = weight.abs().amax().float().clamp(min=1e-12) / fmax
+    return (weight.float() / scale).to(torch.float8_e4m3fn), scale
+
+
+def fp8_linear(x: Tensor, weight_fp8: Tensor, weight_scale: Tensor,
+               bias: Optional[Tensor] = None) -> Tensor:
+    # x: [T, K]; weight_fp8: [N, K]; dynamic per-tensor activation scale
+    fmax = torch.finfo(torch.float8_e4m3fn).max
+    x_scale = x.abs().amax().float().clamp(min=1e-12) / fmax
+    x8 = (x.float() / x_scale).to(torch.float8_e4m3fn)
+    return torch._scaled_mm(x8, weight_fp8.t(), scale_a=x_scale, scale_b=weight_scale,
+                            bias=bias, out_dtype=x.dtype)
+
+
+# --- attention -------------------------------------------------------------------------
+
+Attend = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+def packed_attention_padded(q: Tensor, k: Tensor, v: Tensor, pad_index: Tensor,
+                            unpad_index: Tensor) -> Tensor:
+    """Causal attention within each packed sequence, as one batched SDPA over a padded view.
+
+    q: [T, Hq, D], k/v: [T, Hkv, D]; pad_index: [S, L] packed row of (sequence, position),
+    positions past a sequence's end point at any of its rows; unpad_index: [T] row of the
+    flattened [S*L] padded output for each packed token. Causality keeps every real query
+    away from the padding keys, so no mask is needed. Returns [T, Hq*D].
+    """
+    s, l = pad_index.shape
+    qp = q[pad_index].transpose(1, 2)  # [S, Hq, L, D]
+    kp = k[pad_index].transpose(1, 2)  # [S, Hkv, L, D]
+    vp = v[pad_index].transpose(1, 2)
+    o = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, enable_gqa=True)
+    o = o.transpose(1, 2).reshape(s * l, -1)  # [S*L, Hq*D]
+    return o[unpad_index]
+
+
+def packed_attention_loop(q: Tensor, k: Tensor, v: Tensor, spans: list[tuple[int, int]]) -> Tensor:
+    """Same result as `packed_attention_padded`, one SDPA per sequence (eager only: the
+    Python loop over `spans` = [(start, end)] is request-dependent)."""
+    out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype, device=q.device)
+    for start, end in spans:
+        qs, ks, vs = (t[start:end].transpose(0, 1) for t in (q, k, v))  # [H, n, D]
+        o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
+        out[start:end] = o.transpose(0, 1).reshape(end - start, -1)
+    return out

@@ -1,0 +1,33 @@
+"""Graph entry points: nn.Modules whose forward takes only tensors, so that the runtime can
+run them eagerly or export and compile them ahead of time. They assemble model calls and
+kernels; they hold no request logic.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from engines.bounded import kernels
+from engines.bounded.model import DecoderModel
+
+
+class ScorePrefill(nn.Module):
+    """Packed prefill + label scoring: softmax over the label rows of the head at each
+    sequence's last token.
+
+    forward(tokens [T], positions [T], pad_index [S, L], unpad_index [T], last_index [S],
+    label_ids [N]) -> probabilities [S, N] float32.
+    """
+
+    def __init__(self, model: DecoderModel):
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens: Tensor, positions: Tensor, pad_index: Tensor, unpad_index: Tensor,
+                last_index: Tensor, label_ids: Tensor) -> Tensor:
+        def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            return kernels.packed_attention_padded(q, k, v, pad_index, unpad_index)
+
+        hidden, _ = self.model.prefill(tokens, positions, attend, rows=last_index)  # [S, hidden]
+        logits = self.model.head_logits(hidden, label_ids)  # [S, N] float32
+        return torch.softmax(logits, dim=-1)
