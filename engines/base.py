@@ -110,6 +110,7 @@ class Engine(abc.ABC):
     """One engine instance. `start` before `submit`; `stop` releases everything."""
 
     name: str = "engine"
+    computes: bool = True  # False for engines that skip the model (MFU is then meaningless)
 
     def __init__(self, config: EngineConfig):
         self.config = config

@@ -1,0 +1,162 @@
+"""`bench`: the command line. Each command is a thin layer over library functions."""
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from harness.scenario import ScenarioError, load_scenario
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Benchmark bounded-generation engines (bounded, hf, sglang, noop) on one scenario.")
+console = Console(stderr=True)
+out = Console(width=None if sys.stdout.isatty() else 120)
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    console.print(f"[red]error:[/red] {msg}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _scenario(path: Path):
+    try:
+        return load_scenario(path)
+    except ScenarioError as e:
+        _fail(str(e))
+
+
+class _Progress:
+    """A rich progress bar per load point; ticks are cheap (the bar refreshes on its own)."""
+
+    def __init__(self, console: Console):
+        self.console = console
+
+    @contextlib.contextmanager
+    def __call__(self, label: str, total: int):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(TextColumn("  {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=self.console, transient=True, refresh_per_second=5) as p:
+            task = p.add_task(label, total=total)
+            yield lambda n=1: p.advance(task, n)
+
+
+@app.command()
+def run(
+    scenario: Path = typer.Argument(..., help="Scenario YAML file."),
+    engine: Optional[List[str]] = typer.Option(None, "--engine", "-e", help="Engine(s) to run instead of the scenario's."),
+    requests: Optional[int] = typer.Option(None, help="Measured requests per load point."),
+    duration: Optional[float] = typer.Option(None, help="Seconds per Poisson load point."),
+    concurrency: Optional[List[int]] = typer.Option(None, help="Closed-loop concurrency level(s)."),
+    rate: Optional[List[float]] = typer.Option(None, help="Poisson rate(s), requests/s."),
+    device: Optional[str] = typer.Option(None, help="cpu | cuda (default: the scenario's)."),
+    peak_tflops: Optional[float] = typer.Option(None, help="Peak TFLOP/s for MFU instead of the measured/table value."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Run folder (default reports/<run-id>/)."),
+) -> None:
+    """Run SCENARIO against its engines and write results.csv, requests.csv, run.json."""
+    from harness.report import write_all
+    from harness.runner import Overrides, run_scenario
+
+    sc = _scenario(scenario)
+    run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{sc.name}"
+    folder = out_dir or Path("reports") / run_id
+    ov = Overrides(engines=engine or [], requests=requests, duration_s=duration, device=device,
+                   peak_tflops=peak_tflops, concurrency=concurrency or None, rate=rate or None)
+    ctx = {"run_id": run_id, "scenario_path": str(scenario), "scenario_text": scenario.read_text(),
+           "command": sys.argv}
+    log = lambda m: console.print(m, highlight=False)  # noqa: E731
+    # write after every engine, so an interrupted or crashed run keeps what it measured
+    from engines.registry import UnknownEngine
+
+    try:
+        result = run_scenario(sc, ov, base_dir=scenario.parent, log=log, progress=_Progress(console),
+                              on_engine_done=lambda r: write_all(r, folder, ctx))
+    except (UnknownEngine, ValueError, OSError) as e:
+        _fail(str(e))
+    paths = write_all(result, folder, ctx)
+    _print_summary(result)
+    for w in result.warnings:
+        console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
+    console.print("wrote " + ", ".join(str(p) for p in paths), highlight=False)
+    if result.interrupted:
+        raise typer.Exit(130)
+
+
+def _print_summary(result) -> None:
+    t = Table(title=f"{result.scenario.name} on {result.device} (peak {result.peak_tflops:.3g} TFLOP/s)")
+    for col in ("engine", "load", "ok/req", "mean ms", "p50 ms", "p99 ms", "req/s", "samples/s", "MFU"):
+        t.add_column(col, justify="right")
+    for er in result.engines:
+        if er.skipped or (er.failed and not er.points):
+            t.add_row(er.name, "-", "-", "-", "-", "-", "-", "-", "skipped" if er.skipped else "failed")
+        for _, m in er.points:
+            p99 = f"{m.p99_ms:.1f}" + ("*" if m.p99_estimate else "")
+            t.add_row(er.name, f"{m.load_mode} {m.load_value:g}", f"{m.ok}/{m.requests}", f"{m.mean_ms:.1f}",
+                      f"{m.p50_ms:.1f}", p99, f"{m.qps:.2f}", f"{m.samples_per_s:.1f}", f"{m.mfu:.1%}")
+    out.print(t)
+    out.print("* P99 on fewer than 459 requests: an estimate", style="dim")
+
+
+@app.command()
+def infer(
+    engine: str = typer.Option(..., "--engine", "-e", help="Engine name."),
+    model: str = typer.Option(..., help="Preset name, local HF directory or hub id."),
+    input: Path = typer.Option(..., "--input", "-i", help="JSONL requests."),
+    output: Path = typer.Option(..., "--output", "-o", help="JSONL results, one line per request."),
+    dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16"),
+    device: str = typer.Option("cpu", help="cpu | cuda"),
+    option: Optional[List[str]] = typer.Option(None, "--option", help="Engine option KEY=VALUE (value parsed as JSON if it can be)."),
+) -> None:
+    """Run the requests of a JSONL file through one engine and write its answers."""
+    from harness.infer import infer_file
+
+    opts = {}
+    for kv in option or []:
+        k, _, v = kv.partition("=")
+        try:
+            opts[k] = json.loads(v)
+        except json.JSONDecodeError:
+            opts[k] = v
+    try:
+        n, errors = infer_file(engine, model, input, output, dtype=dtype, device=device, options=opts,
+                               log=lambda m: console.print(m, highlight=False))
+    except (ValueError, OSError) as e:
+        _fail(str(e))
+    console.print(f"wrote {n} results to {output}" + (f" ({errors} errors)" if errors else ""))
+
+
+@app.command()
+def scenarios(folder: Path = typer.Argument(REPO / "scenarios", help="Folder of scenario files.")) -> None:
+    """List scenario files, one line each."""
+    t = Table(show_header=True)
+    for col in ("file", "name", "model", "task"):
+        t.add_column(col, no_wrap=True)
+    t.add_column("description")
+    for path in sorted(folder.glob("*.yaml")):
+        try:
+            sc = load_scenario(path)
+            t.add_row(path.name, sc.name, sc.model, sc.task.kind, sc.description)
+        except ScenarioError as e:
+            t.add_row(path.name, "[red]invalid[/red]", "", "", str(e).splitlines()[-1].strip())
+    out.print(t)
+
+
+@app.command()
+def doctor(measure: bool = typer.Option(False, help="Measure the CPU peak now (else show the cached value).")) -> None:
+    """Versions, device, peak, and which engines can run here."""
+    from harness.doctor import report
+
+    for k, v in report(measure):
+        out.print(f"[bold]{k:>18}[/bold]  {v}", highlight=False)
+
+
+if __name__ == "__main__":
+    app()

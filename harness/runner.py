@@ -1,0 +1,219 @@
+"""One benchmark run: resolve the model, build the workload, then for each engine start it,
+drive every load point, and summarise. Outputs are written by `harness.report`."""
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from engines.base import Bounds, EngineConfig, EngineUnavailable
+from engines.registry import ENGINES, UnknownEngine, create_engine
+from harness.flops import ModelShape
+from harness.loadgen import LoadPoint, poisson_schedule, run_closed, run_poisson
+from harness.metrics import P99_MIN_REQUESTS, PointMetrics, summarise, warnings_for
+from harness.presets import resolve_model
+from harness.scenario import BeamTask, ClosedLoad, EngineSpec, PoissonLoad, Scenario
+from harness.workload import build_workload, load_tokenizer
+
+
+@dataclass
+class Overrides:
+    """Command-line settings that take precedence over the scenario."""
+
+    engines: list[str] = field(default_factory=list)
+    requests: int | None = None
+    duration_s: float | None = None
+    device: str | None = None
+    peak_tflops: float | None = None
+    concurrency: list[int] | None = None
+    rate: list[float] | None = None
+
+
+@dataclass
+class EngineRun:
+    name: str
+    describe: dict[str, Any] = field(default_factory=dict)
+    start_s: float = float("nan")
+    points: list[tuple[LoadPoint, PointMetrics]] = field(default_factory=list)
+    skipped: str = ""  # reason, when the engine could not run here
+    failed: str = ""  # reason, when it broke during the run
+
+
+@dataclass
+class RunResult:
+    scenario: Scenario
+    model_dir: str
+    device: str
+    peak_tflops: float
+    peak_source: str
+    notes: list[str] = field(default_factory=list)
+    engines: list[EngineRun] = field(default_factory=list)
+    interrupted: bool = False
+
+    @property
+    def warnings(self) -> list[str]:
+        out = []
+        for er in self.engines:
+            out += [f"{er.name}: skipped: {er.skipped}"] if er.skipped else []
+            out += [f"{er.name}: failed: {er.failed}"] if er.failed else []
+            for _, m in er.points:
+                out += warnings_for(er.name, m)
+        few = [m.ok for er in self.engines for _, m in er.points if m.p99_estimate and m.ok]
+        if few:
+            out.append(f"P99 rests on fewer than {P99_MIN_REQUESTS} requests at {len(few)} load point(s) "
+                       f"(min {min(few)}): those P99s are estimates")
+        return out
+
+
+def effective_load(scenario: Scenario, ov: Overrides, device: str, log: Callable[[str], None]):
+    """The scenario's load with CPU limits and command-line overrides applied."""
+    load = scenario.load
+    upd: dict[str, Any] = {}
+    cpu = scenario.cpu if device == "cpu" else None
+    if cpu is not None:
+        cpu_upd = {k: v for k, v in cpu.model_dump().items() if v is not None}
+        cpu_upd = {k: v for k, v in cpu_upd.items() if k in type(load).model_fields}
+        if ov.requests is None and ov.duration_s is None and cpu_upd:
+            log("on a CPU: running fewer requests than the scenario asks ("
+                + ", ".join(f"{k}={v}" for k, v in cpu_upd.items()) + "); --requests/--duration override")
+            upd.update(cpu_upd)
+    if ov.requests is not None:
+        upd["requests"] = ov.requests
+        if isinstance(load, PoissonLoad) and ov.duration_s is None:
+            upd["duration_s"] = None
+    if ov.duration_s is not None:
+        upd["duration_s"] = ov.duration_s
+    if ov.concurrency and isinstance(load, ClosedLoad):
+        upd["concurrency"] = ov.concurrency
+    if ov.rate and isinstance(load, PoissonLoad):
+        upd["rate"] = ov.rate
+    if isinstance(load, ClosedLoad) and ov.duration_s is not None:
+        upd.pop("duration_s")
+        log("--duration applies to poisson load only; closed load counts requests")
+    return load.model_copy(update=upd)
+
+
+def engine_config(scenario: Scenario, spec: EngineSpec, model_dir: str, device: str) -> EngineConfig:
+    b, task = scenario.bounds, scenario.task
+    bounds = Bounds(max_samples_per_request=b.max_samples_per_request, max_prompt_tokens=b.max_prompt_tokens,
+                    on_violation=b.on_violation,
+                    max_beam_width=task.beam_width if isinstance(task, BeamTask) else 1,
+                    max_decode_steps=task.decode_steps if isinstance(task, BeamTask) else 1)
+    return EngineConfig(Path(model_dir), scenario.dtype, device, bounds, task.kind, spec.options)
+
+
+async def drive(engine, items, load, seed: int, progress, points: list[LoadPoint]) -> None:
+    """Run every load point; each point lands in `points` as soon as it starts. The garbage
+    collector is paused during a point: its full collections stall the sender for 100+ ms."""
+    gc.disable()
+    try:
+        await _drive(engine, items, load, seed, progress, points)
+    finally:
+        gc.enable()
+
+
+async def _drive(engine, items, load, seed: int, progress, points: list[LoadPoint]) -> None:
+    if isinstance(load, ClosedLoad):
+        items.prefetch(load.warmup_requests + load.requests)
+        for c in load.concurrency:
+            gc.collect()
+            with progress(f"concurrency {c}", load.warmup_requests + load.requests) as tick:
+                await run_closed(engine, items, c, load.requests, load.warmup_requests, load.timeout_s,
+                                 tick, points)
+    else:
+        for rate in load.rate:
+            sched = poisson_schedule(rate, seed, duration_s=load.duration_s, requests=load.requests,
+                                     warmup_s=load.warmup_s)
+            items.prefetch(len(sched))
+            gc.collect()
+            with progress(f"rate {rate:g}/s", len(sched)) as tick:
+                await run_poisson(engine, items, rate, sched, load.warmup_s, load.timeout_s, tick, points)
+
+
+def run_engine(er: EngineRun, spec: EngineSpec, cfg: EngineConfig, items, load, seed: int,
+               shape: ModelShape, peak: float, log, progress) -> None:
+    try:
+        engine = create_engine(spec.name, cfg)
+    except EngineUnavailable as e:
+        er.skipped = str(e)
+        log(f"[{spec.name}] skipped: {e}")
+        return
+    log(f"[{spec.name}] starting ...")
+    t = time.perf_counter()
+    try:
+        engine.start()
+    except EngineUnavailable as e:
+        er.skipped = str(e)
+        log(f"[{spec.name}] skipped: {e}")
+        return
+    er.start_s = time.perf_counter() - t
+    er.describe = engine.describe()
+    log(f"[{spec.name}] started in {er.start_s:.1f} s")
+    points: list[LoadPoint] = []
+    try:
+        asyncio.run(drive(engine, items, load, seed, progress, points))
+    except Exception as e:  # an engine that breaks ends its own part of the run, not the run
+        er.failed = f"{type(e).__name__}: {e}"
+        log(f"[{spec.name}] failed: {er.failed}")
+    finally:
+        er.points = [(p, summarise(p, shape, peak if engine.computes else float("nan"))) for p in points]
+        engine.stop()
+
+
+def run_scenario(scenario: Scenario, ov: Overrides, *, base_dir: Path | None = None,
+                 log: Callable[[str], None] = print, progress=None, on_engine_done=None) -> RunResult:
+    unknown = [n for n in ov.engines + [s.name for s in scenario.engines] if n not in ENGINES]
+    if unknown:
+        raise UnknownEngine(f"unknown engine {unknown[0]!r}; known engines: {', '.join(sorted(ENGINES))}")
+    device = ov.device or scenario.device
+    model_dir = resolve_model(scenario.model, log)
+    shape = model_shape(model_dir)
+    if ov.peak_tflops is not None:
+        peak, source = ov.peak_tflops, "given on the command line"
+    else:
+        from harness.peak import peak_tflops
+
+        log("measuring the device's peak (cached after the first time) ...")
+        peak, source = peak_tflops(device, scenario.dtype)
+    result = RunResult(scenario, model_dir, device, peak, source)
+    load = effective_load(scenario, ov, device, lambda m: (result.notes.append(m), log(m)))
+    items = build_workload(scenario, load_tokenizer(model_dir), base_dir)
+    specs = [EngineSpec(name=n) for n in ov.engines] if ov.engines else scenario.engines
+    if ov.engines:  # keep the scenario's options for engines it names
+        by_name = {s.name: s for s in scenario.engines}
+        specs = [by_name.get(s.name, s) for s in specs]
+    progress = progress or _no_progress
+    try:
+        for spec in specs:
+            er = EngineRun(spec.name)
+            result.engines.append(er)
+            run_engine(er, spec, engine_config(scenario, spec, model_dir, device), items, load,
+                       scenario.workload.seed, shape, peak, log, progress)
+            if on_engine_done:
+                on_engine_done(result)
+    except KeyboardInterrupt:
+        result.interrupted = True
+        log("interrupted: keeping what was measured")
+    return result
+
+
+class _no_progress:
+    def __init__(self, *_a):
+        pass
+
+    def __enter__(self):
+        return lambda n=1: None
+
+    def __exit__(self, *a):
+        return False
+
+
+def model_shape(model: str) -> ModelShape:
+    if Path(model).is_dir():
+        return ModelShape.from_dir(model)
+    from transformers import AutoConfig
+
+    return ModelShape.from_config(AutoConfig.from_pretrained(model).to_dict())

@@ -1,0 +1,41 @@
+"""In-process engines for testing the harness's own logic (never the product)."""
+from __future__ import annotations
+
+import asyncio
+
+from engines.base import Engine, EngineError, PrefillResult, RequestRejected
+
+
+class SlowEngine(Engine):
+    """A single server with a fixed service time: requests queue behind each other."""
+
+    name = "slow"
+
+    def __init__(self, config, service_s: float = 0.02):
+        super().__init__(config)
+        self.service_s = service_s
+        self._lock = asyncio.Lock()
+
+    def start(self) -> None:
+        pass
+
+    async def submit(self, request):
+        async with self._lock:
+            await asyncio.sleep(self.service_s)
+        return PrefillResult(request.id, [[0.5, 0.5]] * len(request.samples))
+
+
+class FlakyEngine(Engine):
+    """Fails every request whose id ends in a chosen digit; rejects ids ending in 'r'."""
+
+    name = "flaky"
+
+    def start(self) -> None:
+        pass
+
+    async def submit(self, request):
+        if request.id.endswith("3"):
+            raise EngineError("boom")
+        if request.id.endswith("7"):
+            await asyncio.sleep(10)
+        return PrefillResult(request.id, [[0.5, 0.5]] * len(request.samples))

@@ -1,0 +1,67 @@
+"""End-to-end: `bench run` on the smoke scenarios and `bench infer`, through the real CLI."""
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from harness.cli import app
+
+SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
+
+
+@pytest.mark.parametrize("scenario", ["smoke_prefill.yaml", "smoke_beam.yaml"])
+def test_run_writes_three_files_with_real_numbers(tmp_path, scenario):
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["run", str(SCENARIOS / scenario), "--engine", "hf", "--engine", "noop",
+                                   "--requests", "4", "--peak-tflops", "0.5", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    assert {r["engine"] for r in rows} == {"hf", "noop"}
+    hf = [r for r in rows if r["engine"] == "hf"]
+    assert len(hf) == 2  # concurrency 1 and 2
+    for r in hf:
+        assert r["requests"] == "4" and r["errors"] == "0"
+        assert float(r["mean_ms"]) > 0 and float(r["qps"]) > 0 and 0 < float(r["mfu"]) < 1
+        assert float(r["peak_tflops"]) == 0.5
+    reqs = list(csv.DictReader(open(out / "requests.csv")))
+    warmup = {"smoke_prefill.yaml": 2, "smoke_beam.yaml": 1}[scenario]
+    assert len(reqs) == 2 * 2 * (warmup + 4)  # engines x load points x requests
+    run = json.loads((out / "run.json").read_text())
+    assert run["scenario"]["content"]["name"] == scenario[:-5]
+    assert run["peak"]["tflops"] == 0.5 and "2*N_nonemb" in run["mfu_formula"]
+    assert [e["name"] for e in run["engines"]] == ["hf", "noop"]
+    assert run["engines"][0]["describe"]["version"]
+
+
+def test_unavailable_engine_is_skipped_with_a_reason(tmp_path, monkeypatch):
+    import engines.registry as reg
+
+    monkeypatch.setitem(reg.ENGINES, "ghost", "engines.does_not_exist:Ghost")
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["run", str(SCENARIOS / "smoke_prefill.yaml"), "--engine", "ghost", "--engine",
+                                   "noop", "--requests", "2", "--peak-tflops", "1", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "ghost" in res.output and "skipped" in res.output
+    assert {r["engine"] for r in csv.DictReader(open(out / "results.csv"))} == {"noop"}
+
+
+def test_infer_prefill_and_beam(tmp_path):
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("\n".join(json.dumps(o) for o in [
+        {"id": "p", "kind": "prefill_only", "samples": [" hello there", [5, 6, 7]], "labels": [" yes", " no"]},
+        {"id": "b", "kind": "beam_search", "prompt": " the item code is", "beam_width": 3, "decode_steps": 2},
+        {"id": "bad", "kind": "prefill_only", "samples": [" x"], "labels": [" two words"]},
+    ]))
+    outp = tmp_path / "out.jsonl"
+    res = CliRunner().invoke(app, ["infer", "--engine", "hf", "--model", "tiny", "--input", str(inp),
+                                   "--output", str(outp)])
+    assert res.exit_code == 0, res.output
+    lines = [json.loads(line) for line in outp.read_text().splitlines()]
+    assert [line["id"] for line in lines] == ["p", "b", "bad"]
+    assert len(lines[0]["scores"]) == 2 and abs(sum(lines[0]["scores"][0]) - 1) < 1e-6
+    beams = lines[1]["beams"]
+    assert len(beams) == 3 and all(len(b["token_ids"]) == 2 for b in beams)
+    assert beams[0]["logprob"] >= beams[1]["logprob"] >= beams[2]["logprob"]
+    assert "one token" in lines[2]["error"]

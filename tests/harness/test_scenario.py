@@ -1,0 +1,70 @@
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from harness.cli import app
+from harness.scenario import ClosedLoad, PoissonLoad, ScenarioError, load_scenario
+
+SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
+
+
+@pytest.mark.parametrize("path", sorted(SCENARIOS.glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_scenarios_are_valid(path):
+    sc = load_scenario(path)
+    assert sc.name == path.stem
+
+
+def _write(tmp_path, data) -> Path:
+    p = tmp_path / "bad.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def _good() -> dict:
+    return yaml.safe_load((SCENARIOS / "smoke_prefill.yaml").read_text())
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda d: d["task"].update(kind="chat"), "task"),
+    (lambda d: d["load"].update(concurrency=[0]), "load.concurrency"),
+    (lambda d: d["workload"].update(prompt_tokens={"mean": 10, "min": 20, "max": 30}), "workload.prompt_tokens"),
+    (lambda d: d.update(colour="blue"), "colour"),
+    (lambda d: d.pop("model"), "model"),
+    (lambda d: d.update(dtype="int3"), "dtype"),
+    (lambda d: d["load"].update(mode="poisson", rate=[10]), "load"),
+])
+def test_errors_name_file_and_field(tmp_path, mutate, field):
+    data = _good()
+    mutate(data)
+    with pytest.raises(ScenarioError) as e:
+        load_scenario(_write(tmp_path, data))
+    msg = str(e.value)
+    assert "bad.yaml" in msg
+    assert f"field {field}" in msg
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ScenarioError, match="nope.yaml: cannot read"):
+        load_scenario(tmp_path / "nope.yaml")
+    p = tmp_path / "broken.yaml"
+    p.write_text("name: [unclosed")
+    with pytest.raises(ScenarioError, match="broken.yaml: not valid YAML"):
+        load_scenario(p)
+
+
+def test_cli_bad_scenario_exit_2_without_traceback(tmp_path):
+    data = _good()
+    data["load"]["requests"] = -5
+    res = CliRunner().invoke(app, ["run", str(_write(tmp_path, data))])
+    assert res.exit_code == 2
+    assert "field load.requests" in res.output
+    assert "Traceback" not in res.output
+
+
+def test_load_modes_parse():
+    data = _good()
+    assert isinstance(load_scenario(SCENARIOS / "smoke_prefill.yaml").load, ClosedLoad)
+    assert isinstance(load_scenario(SCENARIOS / "noop_ceiling.yaml").load, PoissonLoad)
+    assert data["engines"]
