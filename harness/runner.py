@@ -15,7 +15,7 @@ from harness.flops import ModelShape
 from harness.loadgen import LoadPoint, poisson_schedule, run_closed, run_poisson
 from harness.metrics import P99_MIN_REQUESTS, PointMetrics, summarise, warnings_for
 from harness.presets import resolve_model
-from harness.scenario import BeamTask, ClosedLoad, EngineSpec, PoissonLoad, Scenario
+from harness.scenario import BeamTask, ClosedLoad, EngineSpec, PoissonLoad, Scenario, Slo
 from harness.workload import build_workload, load_tokenizer
 
 
@@ -30,6 +30,7 @@ class Overrides:
     peak_tflops: float | None = None
     concurrency: list[int] | None = None
     rate: list[float] | None = None
+    find_max_qps: bool = False  # search the highest Poisson rate meeting the scenario's SLO
 
 
 @dataclass
@@ -40,6 +41,7 @@ class EngineRun:
     points: list[tuple[LoadPoint, PointMetrics]] = field(default_factory=list)
     skipped: str = ""  # reason, when the engine could not run here
     failed: str = ""  # reason, when it broke during the run
+    search: Any = None  # harness.slo.SearchResult, with --find-max-qps
 
 
 @dataclass
@@ -61,6 +63,7 @@ class RunResult:
             out += [f"{er.name}: failed: {er.failed}"] if er.failed else []
             for _, m in er.points:
                 out += warnings_for(er.name, m)
+            out += er.search.warnings(er.name) if er.search else []
         few = [m.ok for er in self.engines for _, m in er.points if m.p99_estimate and m.ok]
         if few:
             out.append(f"P99 rests on fewer than {P99_MIN_REQUESTS} requests at {len(few)} load point(s) "
@@ -74,11 +77,11 @@ def effective_load(scenario: Scenario, ov: Overrides, device: str, log: Callable
     upd: dict[str, Any] = {}
     cpu = scenario.cpu if device == "cpu" else None
     if cpu is not None:
-        cpu_upd = {k: v for k, v in cpu.model_dump().items() if v is not None}
-        cpu_upd = {k: v for k, v in cpu_upd.items() if k in type(load).model_fields}
-        if ov.requests is None and ov.duration_s is None and cpu_upd:
-            log("on a CPU: running fewer requests than the scenario asks ("
-                + ", ".join(f"{k}={v}" for k, v in cpu_upd.items()) + "); --requests/--duration override")
+        cpu_upd = {k: v for k, v in cpu.model_dump().items() if v is not None and k in type(load).model_fields}
+        if cpu_upd:
+            log("on a CPU: using the scenario's cpu limits ("
+                + ", ".join(f"{k}={v}" for k, v in cpu_upd.items()) + "), fewer requests than on a GPU; "
+                "command-line flags override")
             upd.update(cpu_upd)
     if ov.requests is not None:
         upd["requests"] = ov.requests
@@ -134,7 +137,7 @@ async def _drive(engine, items, load, seed: int, progress, points: list[LoadPoin
 
 
 def run_engine(er: EngineRun, spec: EngineSpec, cfg: EngineConfig, items, load, seed: int,
-               shape: ModelShape, peak: float, log, progress) -> None:
+               shape: ModelShape, peak: float, log, progress, slo: Slo | None = None) -> None:
     try:
         engine = create_engine(spec.name, cfg)
     except EngineUnavailable as e:
@@ -155,6 +158,12 @@ def run_engine(er: EngineRun, spec: EngineSpec, cfg: EngineConfig, items, load, 
     points: list[LoadPoint] = []
     try:
         asyncio.run(drive(engine, items, load, seed, progress, points))
+        if slo is not None:
+            from harness.slo import run_search
+
+            sweep = [summarise(p, shape, peak) for p in points]
+            er.search = run_search(engine, items, slo, load, seed, sweep, shape, peak if engine.computes
+                                   else float("nan"), progress, lambda m: log(f"[{spec.name}] {m}"))
     except Exception as e:  # an engine that breaks ends its own part of the run, not the run
         er.failed = f"{type(e).__name__}: {e}"
         log(f"[{spec.name}] failed: {er.failed}")
@@ -168,6 +177,8 @@ def run_scenario(scenario: Scenario, ov: Overrides, *, base_dir: Path | None = N
     unknown = [n for n in ov.engines + [s.name for s in scenario.engines] if n not in ENGINES]
     if unknown:
         raise UnknownEngine(f"unknown engine {unknown[0]!r}; known engines: {', '.join(sorted(ENGINES))}")
+    if ov.find_max_qps and scenario.slo.mean_ms is None and scenario.slo.p99_ms is None:
+        raise ValueError(f"--find-max-qps needs an slo (mean_ms and/or p99_ms) in scenario {scenario.name!r}")
     device = ov.device or scenario.device
     model_dir = resolve_model(scenario.model, log)
     shape = model_shape(model_dir)
@@ -191,7 +202,8 @@ def run_scenario(scenario: Scenario, ov: Overrides, *, base_dir: Path | None = N
             er = EngineRun(spec.name)
             result.engines.append(er)
             run_engine(er, spec, engine_config(scenario, spec, model_dir, device), items, load,
-                       scenario.workload.seed, shape, peak, log, progress)
+                       scenario.workload.seed, shape, peak, log, progress,
+                       scenario.slo if ov.find_max_qps else None)
             if on_engine_done:
                 on_engine_done(result)
     except KeyboardInterrupt:
