@@ -27,6 +27,12 @@ class RequestRejected(EngineError):
     """A request is outside the engine's declared bounds or malformed."""
 
 
+class EngineDied(EngineError):
+    """The engine is gone (e.g. its server process exited): every further request would
+    fail the same way, so the harness should end this engine's run instead of recording
+    one error per remaining request."""
+
+
 class EngineUnavailable(Exception):
     """The engine cannot run on this machine (missing package, no server, no device)."""
 

@@ -27,7 +27,7 @@ from typing import Any, Optional, Sequence
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from engines.base import (BeamRequest, BeamResult, Engine, EngineConfig, EngineError,
+from engines.base import (BeamRequest, BeamResult, Engine, EngineConfig, EngineDied, EngineError,
                           EngineUnavailable, Label, PrefillRequest, PrefillResult, Request,
                           RequestRejected, Result)
 from engines.sglang import protocol
@@ -36,7 +36,7 @@ from engines.sglang.server import LaunchSpec, LaunchedServer, free_port, log_tai
 from engines.tokens import apply_bounds, check_beam, encode, label_ids
 
 
-class ServerDied(EngineError):
+class ServerDied(EngineDied):
     """The SGLang server is gone: every further request would fail; stop the run."""
 
 

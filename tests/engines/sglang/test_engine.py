@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engines.base import (BeamRequest, Bounds, EngineConfig, EngineError, EngineUnavailable,
-                          PrefillRequest, RequestRejected)
+from engines.base import (BeamRequest, Bounds, EngineConfig, EngineDied, EngineError,
+                          EngineUnavailable, PrefillRequest, RequestRejected)
 from engines.registry import engine_class
 from engines.sglang import ServerDied, SGLangEngine
 
@@ -100,7 +100,7 @@ def test_refused_connection_with_no_health_means_the_server_died(tiny_dir):
     engine = mock_engine(tiny_dir, routes(score=lambda body: refuse(None), health=refuse))
     with pytest.raises(ServerDied, match="no longer answers"):
         asyncio.run(engine.submit(PrefillRequest("r", [[1]], [1, 2])))
-    with pytest.raises(ServerDied):  # and every later request fails fast the same way
+    with pytest.raises(EngineDied):  # every later request fails fast, as the type the harness stops on
         asyncio.run(engine.submit(BeamRequest("b", [1, 2], 2, 2)))
 
 
