@@ -55,6 +55,8 @@ def provenance(result: Any, context: dict) -> dict[str, Any]:
         "environment": environment(),
         "engines": [{"name": er.name, "describe": er.describe, "start_s": er.start_s, "skipped": er.skipped,
                      "failed": er.failed} for er in result.engines],
+        "slo": sc.slo.model_dump(),
+        "slo_search": {er.name: er.search.summary() for er in result.engines if getattr(er, "search", None)},
         "notes": result.notes,
         "warnings": result.warnings,
         "interrupted": result.interrupted,

@@ -12,7 +12,7 @@ RESULT_COLUMNS = [
     "scenario", "engine", "load_mode", "load_value", "requests", "ok", "errors", "timeouts", "rejected",
     "mean_ms", "p50_ms", "p90_ms", "p99_ms", "max_ms", "p99_estimate", "qps", "samples_per_s",
     "tokens_per_s", "effective_tflops", "mfu", "peak_tflops", "window_s", "send_lag_p99_ms",
-    "achieved_rate_ratio", "fell_behind", "interrupted",
+    "achieved_rate_ratio", "fell_behind", "interrupted", "probe", "meets_slo",
 ]
 REQUEST_COLUMNS = [
     "engine", "load_mode", "load_value", "index", "request_id", "warmup", "status", "error",
@@ -21,10 +21,15 @@ REQUEST_COLUMNS = [
 
 
 def result_rows(result: Any) -> list[dict[str, Any]]:
+    """The sweep's points, then the SLO search's probes (probe=True, meets_slo set)."""
     rows = []
     for er in result.engines:
         for _, m in er.points:
-            rows.append({"scenario": result.scenario.name, "engine": er.name, **m.row()})
+            rows.append({"scenario": result.scenario.name, "engine": er.name, **m.row(), "probe": False,
+                         "meets_slo": ""})
+        for p in er.search.probes if getattr(er, "search", None) else []:
+            rows.append({"scenario": result.scenario.name, "engine": er.name, **p.metrics.row(), "probe": True,
+                         "meets_slo": p.meets})
     return rows
 
 
