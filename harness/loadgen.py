@@ -14,7 +14,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from engines.base import Engine, RequestRejected, Result
+from engines.base import Engine, EngineDied, RequestRejected, Result
 from harness.workload import WorkItem
 
 SPIN_S = 0.0015  # below this, wait by yielding to the loop instead of sleeping (epoll has ms resolution)
@@ -61,7 +61,8 @@ class Tick(Protocol):
     def __call__(self, n: int = 1) -> None: ...
 
 
-async def _fire(engine: Engine, rec: RequestRecord, t0: float, timeout_s: float, clock=time.perf_counter) -> None:
+async def _fire(engine: Engine, rec: RequestRecord, t0: float, timeout_s: float, point: LoadPoint,
+                clock=time.perf_counter) -> None:
     rec.sent = clock() - t0
     try:
         async with asyncio.timeout(timeout_s):
@@ -71,6 +72,9 @@ async def _fire(engine: Engine, rec: RequestRecord, t0: float, timeout_s: float,
         rec.status, rec.error = "timeout", f"no answer within {timeout_s:g} s"
     except RequestRejected as e:
         rec.status, rec.error = "rejected", str(e)
+    except EngineDied as e:  # every further request would fail the same way: stop sending
+        rec.status, rec.error = "error", f"{type(e).__name__}: {e}"
+        point.interrupted = point.interrupted or f"engine died: {e}"
     except Exception as e:  # one bad request never ends a run
         rec.status, rec.error = "error", f"{type(e).__name__}: {e}"
     rec.done = clock() - t0
@@ -91,12 +95,12 @@ async def run_closed(engine: Engine, items: Items, concurrency: int, requests: i
 
     async def client() -> None:
         nonlocal next_index
-        while next_index < total:
+        while next_index < total and not point.interrupted:
             i = next_index
             next_index += 1
             rec = RequestRecord(i, items[i], i < warmup, time.perf_counter() - t0)
             point.records.append(rec)
-            await _fire(engine, rec, t0, timeout_s)
+            await _fire(engine, rec, t0, timeout_s, point)
             tick()
 
     await _gather_keeping(point, [client() for _ in range(concurrency)])
@@ -133,11 +137,13 @@ async def run_poisson(engine: Engine, items: Items, rate: float, schedule: np.nd
     t0 = loop_clock()
 
     async def fire(rec: RequestRecord) -> None:
-        await _fire(engine, rec, t0, timeout_s)
+        await _fire(engine, rec, t0, timeout_s, point)
         tick()
 
     try:
         for i, at in enumerate(schedule.tolist()):
+            if point.interrupted:
+                break
             while (delay := at - (loop_clock() - t0)) > 0:
                 await asyncio.sleep(delay - SPIN_S if delay > 2 * SPIN_S else 0)
             rec = RequestRecord(i, items[i], at < warmup_s, at)

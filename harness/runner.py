@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from engines.base import Bounds, EngineConfig, EngineUnavailable
+from engines.base import Bounds, EngineConfig, EngineDied, EngineUnavailable
 from engines.registry import ENGINES, UnknownEngine, create_engine
 from harness.flops import ModelShape
 from harness.loadgen import LoadPoint, poisson_schedule, run_closed, run_poisson
@@ -126,6 +126,7 @@ async def _drive(engine, items, load, seed: int, progress, points: list[LoadPoin
             with progress(f"concurrency {c}", load.warmup_requests + load.requests) as tick:
                 await run_closed(engine, items, c, load.requests, load.warmup_requests, load.timeout_s,
                                  tick, points)
+            _stop_if_died(points[-1])
     else:
         for rate in load.rate:
             sched = poisson_schedule(rate, seed, duration_s=load.duration_s, requests=load.requests,
@@ -134,6 +135,12 @@ async def _drive(engine, items, load, seed: int, progress, points: list[LoadPoin
             gc.collect()
             with progress(f"rate {rate:g}/s", len(sched)) as tick:
                 await run_poisson(engine, items, rate, sched, load.warmup_s, load.timeout_s, tick, points)
+            _stop_if_died(points[-1])
+
+
+def _stop_if_died(point: LoadPoint) -> None:
+    if point.interrupted.startswith("engine died"):
+        raise EngineDied(point.interrupted)
 
 
 def run_engine(er: EngineRun, spec: EngineSpec, cfg: EngineConfig, items, load, seed: int,

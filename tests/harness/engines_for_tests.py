@@ -39,3 +39,25 @@ class FlakyEngine(Engine):
         if request.id.endswith("7"):
             await asyncio.sleep(10)
         return PrefillResult(request.id, [[0.5, 0.5]] * len(request.samples))
+
+
+class DyingEngine(Engine):
+    """Serves `lives` requests, then every request raises EngineDied (a server that exited)."""
+
+    name = "dying"
+
+    def __init__(self, config, lives: int = 3):
+        super().__init__(config)
+        self.lives = lives
+
+    def start(self) -> None:
+        pass
+
+    async def submit(self, request):
+        from engines.base import EngineDied
+
+        self.lives -= 1
+        if self.lives < 0:
+            raise EngineDied("server exited with code 1")
+        await asyncio.sleep(0.001)
+        return PrefillResult(request.id, [[0.5, 0.5]] * len(request.samples))

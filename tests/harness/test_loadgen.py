@@ -60,3 +60,16 @@ def test_errors_and_timeouts_are_records_not_exceptions():
     assert sum(s == "ok" for s in status.values()) == 8
     by_id = {r.item.request.id: r for r in point.records}
     assert "boom" in by_id["r3"].error and 190 < by_id["r7"].latency_ms < 1000
+
+
+def test_a_dead_engine_ends_the_point_and_keeps_what_was_measured():
+    from tests.harness.engines_for_tests import DyingEngine
+
+    point = asyncio.run(run_closed(DyingEngine(EngineConfig("."), lives=5), _items(100), concurrency=2,
+                                   requests=100, warmup=0, timeout_s=5))
+    assert point.interrupted.startswith("engine died")
+    assert sum(r.status == "ok" for r in point.records) == 5
+    assert len(point.records) < 10  # stopped sending instead of failing all 100
+    sched = poisson_schedule(500.0, seed=0, requests=200)
+    point = asyncio.run(run_poisson(DyingEngine(EngineConfig("."), lives=5), _items(200), 500.0, sched, 0.0, 5))
+    assert point.interrupted.startswith("engine died") and len(point.records) < 50
