@@ -158,5 +158,47 @@ def doctor(measure: bool = typer.Option(False, help="Measure the CPU peak now (e
         out.print(f"[bold]{k:>18}[/bold]  {v}", highlight=False)
 
 
+def _kv_options(pairs: Optional[List[str]]) -> dict:
+    """KEY=VALUE pairs; a value is parsed as JSON if it can be."""
+    opts = {}
+    for kv in pairs or []:
+        k, _, v = kv.partition("=")
+        try:
+            opts[k] = json.loads(v)
+        except json.JSONDecodeError:
+            opts[k] = v
+    return opts
+
+
+@app.command()
+def serve(
+    scenario: Path = typer.Argument(..., help="Scenario YAML file: model, dtype, bounds, task."),
+    engine: str = typer.Option(..., "--engine", "-e", help="Engine to serve."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind (loopback by default)."),
+    port: int = typer.Option(30000, help="Port; 0 picks a free one (printed when ready)."),
+    device: Optional[str] = typer.Option(None, help="cpu | cuda (default: the scenario's)."),
+    concurrency: int = typer.Option(4, help="Requests inside the engine at once."),
+    max_queue: int = typer.Option(64, help="Requests waiting for the engine; one more is answered 429."),
+    max_body_bytes: int = typer.Option(1 << 20, help="Largest request body; larger is answered 413."),
+    option: Optional[List[str]] = typer.Option(None, "--option", help="Engine option KEY=VALUE."),
+) -> None:
+    """Serve one engine over HTTP with SGLang's routes: /v1/score, /generate, /health, /metrics."""
+    from engines.base import EngineUnavailable
+    from engines.registry import UnknownEngine
+    from harness.server import ServeOptions, bind, build_server, run as run_server
+
+    sc = _scenario(scenario)
+    try:
+        sock = bind(host, port)
+        server = build_server(sc, engine, ServeOptions(concurrency, max_queue, max_body_bytes), device=device,
+                              engine_options=_kv_options(option), log=lambda m: console.print(m, highlight=False))
+    except (UnknownEngine, EngineUnavailable, ValueError, OSError) as e:
+        _fail(str(e))
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        console.print(f"[yellow]warning:[/yellow] listening on {host}, not loopback", highlight=False)
+    url = f"http://{host}:{sock.getsockname()[1]}"
+    run_server(server, sock, on_ready=lambda: print(f"serving {engine} on {url}", flush=True))
+
+
 if __name__ == "__main__":
     app()
