@@ -60,8 +60,10 @@ def run(
     device: Optional[str] = typer.Option(None, help="cpu | cuda (default: the scenario's)."),
     peak_tflops: Optional[float] = typer.Option(None, help="Peak TFLOP/s for MFU instead of the measured/table value."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Run folder (default reports/<run-id>/)."),
+    find_max_qps: bool = typer.Option(False, "--find-max-qps", help="Also search each engine's highest Poisson rate meeting the scenario's SLO."),
+    baseline: Optional[str] = typer.Option(None, help="Engine the report compares the others to (default: the first)."),
 ) -> None:
-    """Run SCENARIO against its engines and write results.csv, requests.csv, run.json."""
+    """Run SCENARIO against its engines; write results.csv, requests.csv, run.json, outputs.jsonl, report.html."""
     from harness.report import write_all
     from harness.runner import Overrides, run_scenario
 
@@ -69,9 +71,13 @@ def run(
     run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{sc.name}"
     folder = out_dir or Path("reports") / run_id
     ov = Overrides(engines=engine or [], requests=requests, duration_s=duration, device=device,
-                   peak_tflops=peak_tflops, concurrency=concurrency or None, rate=rate or None)
+                   peak_tflops=peak_tflops, concurrency=concurrency or None, rate=rate or None,
+                   find_max_qps=find_max_qps)
+    names = ov.engines or [e.name for e in sc.engines]
+    if baseline is not None and baseline not in names:
+        _fail(f"--baseline {baseline!r} is not an engine of this run; engines: {', '.join(names)}")
     ctx = {"run_id": run_id, "scenario_path": str(scenario), "scenario_text": scenario.read_text(),
-           "command": sys.argv}
+           "command": sys.argv, "baseline": baseline}
     log = lambda m: console.print(m, highlight=False)  # noqa: E731
     # write after every engine, so an interrupted or crashed run keeps what it measured
     from engines.registry import UnknownEngine
@@ -86,6 +92,7 @@ def run(
     for w in result.warnings:
         console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
     console.print("wrote " + ", ".join(str(p) for p in paths), highlight=False)
+    console.print(f"report: {folder / 'report.html'}", highlight=False)
     if result.interrupted:
         raise typer.Exit(130)
 
@@ -103,6 +110,30 @@ def _print_summary(result) -> None:
                       f"{m.p50_ms:.1f}", p99, f"{m.qps:.2f}", f"{m.samples_per_s:.1f}", f"{m.mfu:.1%}")
     out.print(t)
     out.print("* P99 on fewer than 459 requests: an estimate", style="dim")
+    for er in result.engines:
+        if er.search:
+            out.print(f"{er.name}: max rate under the SLO {er.search.max_rate:.4g} req/s "
+                      f"(goodput {er.search.goodput_qps:.4g} req/s, {len(er.search.probes)} probes)")
+
+
+@app.command()
+def report(
+    run_dirs: List[Path] = typer.Argument(..., help="Run folder(s) written by `bench run`; several are compared."),
+    out_file: Optional[Path] = typer.Option(None, "--out", help="Page to write (default RUN_DIR/report.html for one "
+                                            "run, reports/compare-<time>/report.html for several)."),
+    baseline: Optional[str] = typer.Option(None, help="Engine the others are compared to (default: each run's first)."),
+) -> None:
+    """Rebuild a run's report.html from its files, or compare several runs in one page."""
+    from harness.report.html import build_report
+
+    if out_file is None:
+        out_file = (run_dirs[0] if len(run_dirs) == 1
+                    else Path("reports") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}") / "report.html"
+    try:
+        path = build_report(run_dirs, out_file, baseline)
+    except (ValueError, OSError) as e:
+        _fail(str(e))
+    console.print(f"report: {path}", highlight=False)
 
 
 @app.command()

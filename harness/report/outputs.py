@@ -1,0 +1,49 @@
+"""outputs.jsonl: each engine's answers at its first load point, one line per request, in the
+`bench infer` output format plus the engine's name — what the report needs to check that
+engines agree on the same requests, kept on disk so `bench report` can rebuild it."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from harness.infer import result_line
+
+Answers = dict[str, dict[str, dict[str, Any]]]  # engine -> request id -> answer line
+
+
+def output_lines(result: Any) -> list[dict[str, Any]]:
+    lines = []
+    for er in result.engines:
+        if not er.points:
+            continue
+        point = er.points[0][0]
+        for rec in sorted(point.records, key=lambda r: r.index):
+            if rec.result is not None:
+                lines.append({"engine": er.name, **result_line(rec.result), "id": rec.item.request.id})
+    return lines
+
+
+def write_outputs_jsonl(result: Any, out_dir: Path, context: dict) -> Path:
+    path = out_dir / "outputs.jsonl"
+    with open(path, "w") as f:
+        for line in output_lines(result):
+            f.write(json.dumps(line, separators=(",", ":")) + "\n")
+    return path
+
+
+def read_outputs(path: Path) -> Answers:
+    """Answers by engine and request id; empty when the run has no outputs.jsonl."""
+    answers: Answers = {}
+    if not path.exists():
+        return answers
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+                answers.setdefault(obj.pop("engine"), {})[str(obj["id"])] = obj
+            except (json.JSONDecodeError, KeyError) as e:
+                raise ValueError(f"{path}:{n}: not an outputs line ({e})") from None
+    return answers

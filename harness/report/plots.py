@@ -1,0 +1,151 @@
+"""The report's figures, drawn with matplotlib's Agg backend (no display, no pyplot state)
+and returned as base64 PNG so the page embeds them. Each function returns None when it has
+nothing to draw."""
+from __future__ import annotations
+
+import base64
+import io
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+DPI = 80
+SLO_STYLE = {"mean_ms": dict(color="0.35", ls=":", lw=1.2), "p99_ms": dict(color="tab:red", ls="-.", lw=1.2)}
+
+
+@dataclass
+class Series:
+    label: str
+    x: Sequence[float]
+    y: Sequence[float]
+    y2: Sequence[float] | None = None  # a second line in the same colour (P99 beside the mean)
+
+
+def png(fig: Figure) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _slo_lines(ax, slo: dict, horizontal: bool = True) -> None:
+    for key, label in (("mean_ms", "SLO mean"), ("p99_ms", "SLO P99")):
+        v = (slo or {}).get(key)
+        if v:
+            (ax.axhline if horizontal else ax.axvline)(v, label=f"{label} {v:g} ms", **SLO_STYLE[key])
+
+
+def _log_if_wide(ax, values, axis: str = "y") -> None:
+    v = np.asarray([x for x in values if x and math.isfinite(x) and x > 0])
+    if v.size and v.max() / v.min() > 30:
+        (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
+
+
+def latency_vs_load(series: list[Series], xlabel: str, slo: dict) -> str | None:
+    """Mean (solid) and P99 (dashed) latency against offered load, one colour per series."""
+    series = [s for s in series if len(s.x)]
+    if not series:
+        return None
+    fig = Figure(layout="constrained", figsize=(7, 4))
+    ax = fig.subplots()
+    for i, s in enumerate(series):
+        c = f"C{i % 10}"
+        ax.plot(s.x, s.y, "o-", color=c, label=f"{s.label} mean")
+        if s.y2 is not None:
+            ax.plot(s.x, s.y2, "s--", color=c, label=f"{s.label} P99")
+    _slo_lines(ax, slo)
+    _log_if_wide(ax, [v for s in series for v in list(s.y) + list(s.y2 or [])] + list((slo or {}).values()))
+    ax.set(xlabel=xlabel, ylabel="latency (ms)", title="Latency against offered load")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    return png(fig)
+
+
+def latency_cdf(requests: pd.DataFrame, slo: dict, engines: Sequence[str]) -> str | None:
+    """Empirical CDF of measured latencies, a panel per engine, a line per load point."""
+    ok = requests[(~requests["warmup"]) & (requests["status"] == "ok")]
+    engines = [e for e in engines if (ok["engine"] == e).any()]
+    if not engines:
+        return None
+    cols = min(3, len(engines))
+    rows = math.ceil(len(engines) / cols)
+    fig = Figure(layout="constrained", figsize=(4.2 * cols, 3.2 * rows))
+    axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
+    for ax, eng in zip(axes, engines):
+        mine = ok[ok["engine"] == eng]
+        for (mode, value), g in mine.groupby(["load_mode", "load_value"], sort=False):
+            lat = np.sort(g["latency_ms"].to_numpy(float))
+            ax.step(lat, np.arange(1, lat.size + 1) / lat.size, where="post", label=f"{mode} {value:g}")
+        _slo_lines(ax, slo, horizontal=False)
+        _log_if_wide(ax, mine["latency_ms"].tolist() + list((slo or {}).values()), axis="x")
+        ax.set(title=eng, xlabel="latency (ms)", ylabel="fraction of requests", ylim=(0, 1.02))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    for ax in axes[len(engines):]:
+        ax.set_visible(False)
+    fig.suptitle("Latency distribution (measured requests)")
+    return png(fig)
+
+
+def mfu_vs_load(series: list[Series], xlabel: str) -> str | None:
+    series = [s for s in series if any(math.isfinite(v) for v in s.y)]
+    if not series:
+        return None
+    fig = Figure(layout="constrained", figsize=(7, 3.6))
+    ax = fig.subplots()
+    for i, s in enumerate(series):
+        ax.plot(s.x, [100 * v for v in s.y], "o-", color=f"C{i % 10}", label=s.label)
+    ax.set(xlabel=xlabel, ylabel="effective MFU (%)", title="Effective MFU", ylim=(0, None))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return png(fig)
+
+
+def stage_breakdown(stages: pd.DataFrame) -> str | None:
+    """Stacked bars of mean time per stage, a bar per engine and load point."""
+    if stages.empty:
+        return None
+    stages = stages.assign(bar=stages["engine"] + " @ " + stages["load_mode"] + " "
+                           + stages["load_value"].map(lambda v: f"{v:g}"))
+    table = stages.pivot_table(index="bar", columns="stage", values="ms", sort=False).fillna(0.0)
+    fig = Figure(layout="constrained", figsize=(7, 0.5 * len(table) + 1.6))
+    ax = fig.subplots()
+    left = np.zeros(len(table))
+    for i, stage in enumerate(table.columns):
+        ax.barh(table.index, table[stage], left=left, color=f"C{i % 10}", label=stage)
+        left += table[stage].to_numpy()
+    ax.invert_yaxis()
+    ax.set(xlabel="mean time per request (ms)", title="Time per stage (as reported by each engine)")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=7, ncol=min(4, len(table.columns)), loc="upper center", bbox_to_anchor=(0.5, -0.18))
+    return png(fig)
+
+
+def slo_probes(searches: dict[str, dict], slo: dict) -> str | None:
+    """Each SLO-search probe: mean and P99 against rate; filled where the probe met the SLO,
+    hollow where it missed; a vertical line at each engine's max rate."""
+    if not any(s.get("probes") for s in searches.values()):
+        return None
+    fig = Figure(layout="constrained", figsize=(7, 4))
+    ax = fig.subplots()
+    for i, (eng, s) in enumerate(searches.items()):
+        c = f"C{i % 10}"
+        probes = sorted(s["probes"], key=lambda p: p["rate"])
+        for key, marker in (("mean_ms", "o"), ("p99_ms", "s")):
+            for p in probes:
+                ax.plot(p["rate"], p[key], marker, color=c, mfc=c if p["meets"] else "none")
+            ax.plot([p["rate"] for p in probes], [p[key] for p in probes], "-" if key == "mean_ms" else "--",
+                    color=c, alpha=0.5, label=f"{eng} {'mean' if key == 'mean_ms' else 'P99'}")
+        if s.get("max_rate") and math.isfinite(s["max_rate"]):
+            ax.axvline(s["max_rate"], color=c, lw=2, alpha=0.4, label=f"{eng} max {s['max_rate']:.3g} req/s")
+    _slo_lines(ax, slo)
+    ax.set(xlabel="Poisson rate (req/s)", ylabel="latency (ms)",
+           title="SLO search probes (filled: met the SLO, hollow: missed)")
+    _log_if_wide(ax, [p[k] for s in searches.values() for p in s["probes"] for k in ("mean_ms", "p99_ms")])
+    _log_if_wide(ax, [p["rate"] for s in searches.values() for p in s["probes"]], axis="x")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return png(fig)

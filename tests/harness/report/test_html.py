@@ -1,0 +1,139 @@
+"""report.html from run folders: written by `bench run`, rebuilt and compared by `bench report`."""
+import csv
+import json
+import re
+import shutil
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from harness.cli import app
+from harness.report.html import render_report, summary_rows
+from harness.report.rundir import load_run, stage_times
+from tests.harness.report.conftest import bench_run
+
+IMG = re.compile(r'<img[^>]*src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
+
+
+def _without_timestamp(html: str) -> str:
+    return re.sub(r"Generated .*? from", "Generated from", html)
+
+
+def test_run_writes_a_self_contained_report(prefill_run):
+    html = (prefill_run / "report.html").read_text()
+    pngs = IMG.findall(html)
+    assert len(pngs) >= 3  # latency vs load, CDF, MFU (hf computes; noop has no MFU)
+    import base64
+
+    assert all(base64.b64decode(p)[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+    assert not re.search(r'(src|href)="(https?:)?//', html) and "url(" not in html
+    assert "default-src 'none'" in html  # the page may not fetch anything
+    for text in ('id="summary"', "smoke_prefill", "Peak: <b>0.5 TFLOP/s</b>", "2*N_nonemb", "Agreement with hf",
+                 "P99 rests on fewer than 459"):
+        assert text in html, text
+
+
+def test_bench_report_rebuilds_the_same_page_from_the_files(prefill_run, tmp_path):
+    out = tmp_path / "again.html"
+    res = CliRunner().invoke(app, ["report", str(prefill_run), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert _without_timestamp(out.read_text()) == _without_timestamp((prefill_run / "report.html").read_text())
+
+
+def test_summary_ratios_are_to_the_baseline_at_the_same_load_point(prefill_run):
+    rows = list(csv.DictReader(open(prefill_run / "results.csv")))
+    by = {(r["engine"], r["load_value"]): r for r in rows}
+    run = load_run(prefill_run)
+    for baseline, other in (("hf", "noop"), ("noop", "hf")):
+        got = {(r["engine"], f"{r['load_value']:g}"): r for r in summary_rows(run, baseline)}
+        for c in ("1", "2"):
+            o, b = by[(other, c)], by[(baseline, c)]
+            assert got[(other, c)]["ratios"]["qps"] == float(o["qps"]) / float(b["qps"])
+            assert got[(other, c)]["ratios"]["mean_ms"] == float(o["mean_ms"]) / float(b["mean_ms"])
+            assert got[(baseline, c)]["ratios"] is None
+
+
+def test_agreement_of_noop_with_hf_from_outputs(prefill_run):
+    """noop answers 1/2 for both labels, so the largest difference is max |p_hf - 0.5|."""
+    lines = [json.loads(line) for line in open(prefill_run / "outputs.jsonl")]
+    hf = [p for line in lines if line["engine"] == "hf" for row in line["scores"] for p in row]
+    assert {line["engine"] for line in lines} == {"hf", "noop"}
+    assert len([line for line in lines if line["engine"] == "hf"]) == 2 + 4  # warm-up + measured, first point
+    expected = max(abs(p - 0.5) for p in hf)
+    html = (prefill_run / "report.html").read_text()
+    table = html[html.index('class="agreement"'):]
+    assert f"<td>{expected:.4g}</td>" in table[: table.index("</table>")]
+
+
+def test_compare_two_runs_shows_deltas(prefill_run, tmp_path):
+    after = tmp_path / "after"
+    shutil.copytree(prefill_run, after)
+    df = pd.read_csv(after / "results.csv")
+    df.loc[df["engine"] == "hf", "mean_ms"] *= 2  # "after" is twice as slow on average
+    df.to_csv(after / "results.csv", index=False)
+    run = json.loads((after / "run.json").read_text())
+    run["run_id"] = "after-change"
+    (after / "run.json").write_text(json.dumps(run))
+    out = tmp_path / "cmp.html"
+    res = CliRunner().invoke(app, ["report", str(prefill_run), str(after), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    html = out.read_text()
+    table = html[html.index('id="compare"'):]
+    table = table[: table.index("</table>")]
+    hf_rows = [r for r in table.split("<tr>") if ">hf<" in r]
+    assert len(hf_rows) == 2 and all("+100.0%" in r for r in hf_rows)
+    assert "after-change" in html and 'id="summary-A"' in html and 'id="summary-B"' in html
+
+
+def test_report_of_a_folder_that_is_not_a_run(tmp_path):
+    res = CliRunner().invoke(app, ["report", str(tmp_path)])
+    assert res.exit_code == 2 and "not a run folder" in " ".join(res.output.split())
+
+
+def test_unknown_baseline_is_refused_with_the_engines(prefill_run, tmp_path):
+    res = CliRunner().invoke(app, ["report", str(prefill_run), "--baseline", "ghost", "--out", str(tmp_path / "x.html")])
+    assert res.exit_code == 2 and "ghost" in res.output and "engines: hf, noop" in " ".join(res.output.split())
+
+
+def test_stage_times_and_their_figure(prefill_run, tmp_path):
+    """An engine that reports stages (the bounded engine: DAG nodes) gets a stage figure;
+    the means are per stage over measured, answered requests."""
+    run = load_run(prefill_run)
+    req = run.requests.copy()
+    hf = req["engine"] == "hf"
+    req.loc[hf, "stages"] = [json.dumps({"tokenize": 1.0 + i, "prefill": 10.0}) for i in range(int(hf.sum()))]
+    st = stage_times(req)
+    measured = req[hf & ~req["warmup"] & (req["status"] == "ok")]
+    first = measured[measured["load_value"] == 1]
+    got = st[(st["engine"] == "hf") & (st["load_value"] == 1)].set_index("stage")["ms"]
+    expected = sum(json.loads(s)["tokenize"] for s in first["stages"]) / len(first)
+    assert got["tokenize"] == expected and got["prefill"] == 10.0
+    assert set(st["engine"]) == {"hf"}
+    run.requests = req
+    html = render_report([run])
+    assert "Time per stage" in html and len(IMG.findall(html)) == len(IMG.findall((prefill_run / "report.html").read_text())) + 1
+
+
+def test_slo_search_rows_and_report(tmp_path, monkeypatch):
+    """--find-max-qps with an engine of known service time: probe rows in results.csv, the
+    search in run.json, its table and figure in the page."""
+    import engines.registry as reg
+
+    monkeypatch.setitem(reg.ENGINES, "slow", "tests.harness.engines_for_tests:SlowEngine")
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["run", "scenarios/smoke_prefill.yaml", "--engine", "slow", "--requests", "10",
+                                   "--concurrency", "1", "--peak-tflops", "1", "--find-max-qps", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    probes = [r for r in rows if r["probe"] == "True"]
+    assert len(rows) - len(probes) == 1 and 2 <= len(probes) <= 8
+    assert all(r["load_mode"] == "poisson" and r["meets_slo"] in ("True", "False") for r in probes)
+    search = json.loads((out / "run.json").read_text())["slo_search"]["slow"]
+    met = [float(r["load_value"]) for r in probes if r["meets_slo"] == "True"]
+    assert search["max_rate"] == pytest.approx(max(met), rel=1e-5)
+    # one FIFO server of 20 ms serves 50 req/s; a 10-request probe may briefly go over, not double it
+    assert 5 < search["max_rate"] < 100
+    html = (out / "report.html").read_text()
+    assert 'id="slo-search"' in html and "SLO search probes" not in html  # title is inside the PNG
+    assert "max rate under the SLO" in res.output
