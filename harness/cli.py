@@ -231,5 +231,40 @@ def serve(
     run_server(server, sock, on_ready=lambda: print(f"serving {engine} on {url}", flush=True))
 
 
+@app.command()
+def soak(
+    scenario: Path = typer.Argument(..., help="Scenario YAML file."),
+    engine: str = typer.Option(..., "--engine", "-e", help="Engine to serve with `bench serve`."),
+    minutes: float = typer.Option(..., help="How long to soak (bounded: at most a day)."),
+    fraction: float = typer.Option(0.5, help="Offered load as a fraction of the measured capacity."),
+    window: float = typer.Option(30.0, help="Seconds per reported window."),
+    concurrency: int = typer.Option(4, help="Server engine slots, and clients of the capacity probe."),
+    max_growth: float = typer.Option(0.05, help="Resident-memory growth above which the soak fails."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Run folder (default reports/<run-id>/)."),
+) -> None:
+    """Serve an engine, find its capacity, run at a fraction of it; report errors and memory growth."""
+    from harness.soak import SoakSpec, run_soak, write_soak
+
+    sc = _scenario(scenario)
+    log = lambda m: console.print(m, highlight=False)  # noqa: E731
+    try:
+        spec = SoakSpec(minutes, fraction, window, concurrency)
+        result = run_soak(sc, scenario, engine, spec, ["--concurrency", str(concurrency)], log=log)
+    except (ValueError, OSError, RuntimeError) as e:
+        _fail(str(e))
+    folder = out_dir or Path("reports") / (time.strftime("%Y%m%d-%H%M%S") + f"-{sc.name}-soak")
+    paths = write_soak(result, spec, folder, {"command": sys.argv, "scenario": str(scenario)})
+    ok = result.failed == 0 and not result.growth > max_growth
+    out.print(f"soak {engine}: {result.requests - result.failed}/{result.requests} ok at {result.rate:.2f} req/s "
+              f"({fraction:.0%} of {result.capacity_qps:.2f}); rss {result.windows[0].rss_mb:.1f} -> "
+              f"{result.windows[-1].rss_mb:.1f} MB ({result.growth:+.1%}) -> {'PASS' if ok else 'FAIL'}",
+              highlight=False)
+    for e in result.first_errors:
+        console.print(f"[yellow]error:[/yellow] {e}", highlight=False)
+    console.print("wrote " + ", ".join(str(p) for p in paths), highlight=False)
+    if not ok:
+        raise typer.Exit(1)
+
+
 if __name__ == "__main__":
     app()
