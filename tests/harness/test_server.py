@@ -192,6 +192,14 @@ def test_bad_requests_get_a_4xx_with_a_message_and_good_ones_still_succeed(serve
     assert bad_seen >= 200
 
 
+def test_oversize_chunked_body_is_cut_off_at_the_limit(server):
+    """No Content-Length to refuse early: the streamed body is counted as it arrives."""
+    chunks = iter([b'{"items": ["' + b"x" * 40000, b"x" * 40000 + b'"]}'])
+    r = httpx.post(f"{server.url}/v1/score", content=chunks)
+    assert r.status_code == 413 and "65536" in r.json()["message"]
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
 def test_error_messages_name_the_problem(server):
     r = httpx.post(f"{server.url}/generate", json={"input_ids": [1, 2], "sampling_params": {
         "beam_width": 64, "max_new_tokens": 3}})
