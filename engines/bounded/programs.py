@@ -4,7 +4,6 @@ kernels; they hold no request logic.
 """
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
 from engines.bounded import kernels
@@ -12,11 +11,11 @@ from engines.bounded.model import DecoderModel
 
 
 class ScorePrefill(nn.Module):
-    """Packed prefill + label scoring: softmax over the label rows of the head at each
-    sequence's last token.
+    """Packed prefill + the label rows of the head at each sequence's last token.
 
     forward(tokens [T], positions [T], pad_index [S, L], unpad_index [T], last_index [S],
-    label_ids [N]) -> probabilities [S, N] float32.
+    label_ids [N]) -> label logits [S, N] float32. The softmax is left to the caller, which
+    may batch requests with different labels (N = their union).
     """
 
     def __init__(self, model: DecoderModel):
@@ -29,5 +28,4 @@ class ScorePrefill(nn.Module):
             return kernels.packed_attention_padded(q, k, v, pad_index, unpad_index)
 
         hidden, _ = self.model.prefill(tokens, positions, attend, rows=last_index)  # [S, hidden]
-        logits = self.model.head_logits(hidden, label_ids)  # [S, N] float32
-        return torch.softmax(logits, dim=-1)
+        return self.model.head_logits(hidden, label_ids)  # [S, N] float32

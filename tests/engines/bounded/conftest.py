@@ -30,7 +30,7 @@ class Reference:
     def scores(self, seqs, label_ids) -> torch.Tensor:
         rows = []
         for s in seqs:
-            logits = self.model(torch.tensor([list(s)])).logits[0, -1].float()
+            logits = self.model(torch.tensor([list(s)]), logits_to_keep=1).logits[0, -1].float()
             rows.append(torch.softmax(logits[list(label_ids)], -1))
         return torch.stack(rows)  # [S, N]
 

@@ -20,7 +20,7 @@ from .conftest import random_seqs, reference
 def _scores(model_dir, dtype, seqs, labels):
     prog = ScorePrefill(load_model(model_dir, PrecisionPolicy(dtype)))
     with torch.no_grad():
-        return prog(*pack(seqs).graph_args(), torch.tensor(labels))
+        return torch.softmax(prog(*pack(seqs).graph_args(), torch.tensor(labels)), -1)
 
 
 def test_float32_matches_transformers(preset_dir):

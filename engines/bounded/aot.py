@@ -1,0 +1,116 @@
+"""Ahead-of-time compilation of graph entry points with AOTInductor, cached on disk.
+
+`load_or_compile` exports a program (torch.export, dynamic dims), compiles it with
+`aoti_compile_and_package` (weights become constants in the package) and loads it with
+`aoti_load_package`. The package is stored under the cache root
+(`$BOUNDED_BENCH_CACHE` or ~/.cache/bounded-bench) in `compiled/`, named by a digest of the
+`CompileKey`: model fingerprint, dtypes, device, torch version and shape policy. A second
+start with the same key only loads.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+from torch.export import Dim
+
+
+def cache_root() -> Path:
+    # same root as harness.presets.cache_root (engines never import harness)
+    root = os.environ.get("BOUNDED_BENCH_CACHE") or Path.home() / ".cache" / "bounded-bench"
+    return Path(root) / "compiled"
+
+
+@dataclass(frozen=True)
+class ShapePolicy:
+    """The largest call a compiled prefill graph accepts (its dynamic-dim maxima)."""
+
+    max_tokens: int  # T: packed tokens per call (the batch token budget)
+    max_seqs: int  # S: sequences per call
+    max_len: int  # L: tokens per sequence
+    max_labels: int = 256  # N: label rows per call
+
+    def dims(self) -> dict[str, Dim]:
+        return {
+            "T": Dim("T", min=1, max=self.max_tokens),
+            "S": Dim("S", min=1, max=self.max_seqs),
+            "L": Dim("L", min=1, max=self.max_len),
+            "N": Dim("N", min=1, max=self.max_labels),
+        }
+
+
+@dataclass(frozen=True)
+class CompileKey:
+    program: str
+    model: str  # weights.fingerprint of the model directory
+    dtype: str
+    residual: str
+    gemm: str
+    device: str
+    torch_version: str
+    shapes: ShapePolicy
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+
+    def package_path(self) -> Path:
+        return cache_root() / f"{self.program}-{self.digest()}.pt2"
+
+
+def device_tag(device: torch.device) -> str:
+    """What compiled code depends on: the device type, and for CUDA the architecture."""
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        return f"cuda-sm{major}{minor}-{torch.cuda.get_device_name(device)}"
+    return device.type
+
+
+@dataclass
+class Loaded:
+    runner: Callable[..., Any]
+    path: Path
+    compiled_now: bool  # False: loaded from the cache
+    seconds: float
+
+
+def load_or_compile(key: CompileKey, build: Callable[[], nn.Module], example_args: tuple,
+                    dynamic_shapes: tuple, log: Callable[[str], None],
+                    inductor_configs: Optional[dict[str, Any]] = None) -> Loaded:
+    """Load the package for `key`, compiling it first if the cache has none (or a broken one)."""
+    path = key.package_path()
+    t0 = time.perf_counter()
+    if path.is_file():
+        try:
+            runner = torch._inductor.aoti_load_package(str(path))
+            return Loaded(runner, path, False, time.perf_counter() - t0)
+        except Exception as e:  # a truncated or foreign package: rebuild it
+            log(f"cached package {path} does not load ({e}); recompiling")
+    compile_package(key, build(), example_args, dynamic_shapes, log, inductor_configs)
+    runner = torch._inductor.aoti_load_package(str(path))
+    return Loaded(runner, path, True, time.perf_counter() - t0)
+
+
+def compile_package(key: CompileKey, module: nn.Module, example_args: tuple, dynamic_shapes: tuple,
+                    log: Callable[[str], None], inductor_configs: Optional[dict[str, Any]] = None) -> Path:
+    path = key.package_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    log(f"compiling {key.program} with AOTInductor for {key.device}/{key.dtype} "
+        f"(once per model, dtype and shape policy; cached at {path}) ...")
+    t0 = time.perf_counter()
+    with torch.inference_mode(False), torch.no_grad():
+        exported = torch.export.export(module, example_args, dynamic_shapes=dynamic_shapes)
+    log(f"exported in {time.perf_counter() - t0:.1f} s; compiling ...")
+    tmp = path.with_name(f"{path.stem}.tmp{os.getpid()}.pt2")
+    torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp),
+                                             inductor_configs=inductor_configs or {})
+    os.replace(tmp, path)
+    path.with_suffix(".json").write_text(json.dumps(asdict(key), indent=1, sort_keys=True))
+    log(f"compiled {key.program} in {time.perf_counter() - t0:.1f} s")
+    return path

@@ -1,0 +1,63 @@
+"""The bounded engine's settings (EngineConfig.options), parsed into a frozen dataclass."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from engines.base import Bounds
+from engines.bounded.config import DTYPES, GEMM_GROUPS
+from engines.bounded.runtime import COMPILE_MODES
+
+
+class OptionError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class BoundedOptions:
+    compile: str = "aot"  # "aot" (AOTInductor, cached) or "eager"
+    max_wait_ms: float = 2.0  # how long a batch waits for more requests after its first
+    max_batch_tokens: int = 0  # padded tokens (samples x longest) per call; 0: one full-bounds request
+    max_batch_seqs: int = 0  # samples per call; 0: 8 x max_samples_per_request
+    max_labels: int = 64  # distinct label ids per call
+    residual: str = "float32"  # dtype of the residual stream (bf16 GEMMs either way)
+    fp8: tuple[str, ...] = ()  # GEMM groups to run in FP8 (CUDA, compute capability >= 8.9)
+
+    @classmethod
+    def parse(cls, options: dict[str, Any]) -> "BoundedOptions":
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise OptionError(f"unknown bounded-engine option(s) {', '.join(unknown)}; "
+                              f"known options: {', '.join(known)}")
+        values = dict(options)
+        if "fp8" in values:
+            values["fp8"] = tuple([values["fp8"]] if isinstance(values["fp8"], str) else values["fp8"])
+        try:
+            for name in ("max_batch_tokens", "max_batch_seqs", "max_labels"):
+                if name in values:
+                    values[name] = int(values[name])
+            if "max_wait_ms" in values:
+                values["max_wait_ms"] = float(values["max_wait_ms"])
+        except (TypeError, ValueError) as e:
+            raise OptionError(f"bounded-engine option: {e}") from e
+        opts = cls(**values)
+        opts._check()
+        return opts
+
+    def _check(self) -> None:
+        if self.compile not in COMPILE_MODES:
+            raise OptionError(f"compile={self.compile!r}; choose one of {', '.join(COMPILE_MODES)}")
+        if self.residual not in DTYPES:
+            raise OptionError(f"residual={self.residual!r}; choose one of {', '.join(DTYPES)}")
+        bad = [g for g in self.fp8 if g not in GEMM_GROUPS]
+        if bad:
+            raise OptionError(f"fp8 groups {bad}; groups are {', '.join(GEMM_GROUPS)}")
+        if self.max_wait_ms < 0 or self.max_batch_tokens < 0 or self.max_batch_seqs < 0 or self.max_labels < 1:
+            raise OptionError("max_wait_ms, max_batch_tokens and max_batch_seqs must be >= 0, max_labels >= 1")
+
+    def batch_tokens(self, bounds: Bounds) -> int:
+        return self.max_batch_tokens or bounds.max_samples_per_request * bounds.max_prompt_tokens
+
+    def batch_seqs(self, bounds: Bounds) -> int:
+        return self.max_batch_seqs or 8 * bounds.max_samples_per_request
