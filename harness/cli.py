@@ -266,5 +266,22 @@ def soak(
         raise typer.Exit(1)
 
 
+sglang_app = typer.Typer(help="Manage the SGLang environment (kept apart from this project's own).",
+                         no_args_is_help=True)
+app.add_typer(sglang_app, name="sglang")
+
+
+@sglang_app.command("setup")
+def sglang_setup(path: Optional[Path] = typer.Option(None, help="Where to build the venv (default: in the cache).")) -> None:
+    """Build (or reuse) a virtual environment with sglang==0.5.23 and a stand-in libcuda for CPU."""
+    from engines.sglang.env import SGLangEnvError, setup_env
+
+    try:
+        python = setup_env(path, log=lambda m: console.print(m, highlight=False))
+    except SGLangEnvError as e:
+        _fail(str(e), code=1)
+    out.print(f"SGLang environment ready: {python}")
+
+
 if __name__ == "__main__":
     app()
