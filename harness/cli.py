@@ -232,6 +232,34 @@ def serve(
 
 
 @app.command()
+def load(
+    scenario: Path = typer.Argument(..., help="Scenario YAML file: its requests are replayed."),
+    host: str = typer.Option(..., "--host", help="Server URL, e.g. http://127.0.0.1:30000 (bench serve or SGLang)."),
+    users: int = typer.Option(4, help="Locust users (closed-loop clients)."),
+    spawn_rate: float = typer.Option(4.0, help="Users started per second."),
+    run_time: str = typer.Option("30s", help="How long to run: seconds, or 30s / 2m / 1h."),
+    workers: int = typer.Option(0, help="Locust worker processes (distributed mode with a master); 0 = one process."),
+    pool: int = typer.Option(1000, help="Distinct requests prepared (users cycle through them)."),
+    label: Optional[str] = typer.Option(None, help="Engine name for results.csv (default: the host)."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Run folder (default reports/<run-id>/)."),
+) -> None:
+    """Load-test a server with Locust (headless); write results.csv and run.json."""
+    from harness.load import LoadSpec, parse_duration, run_load
+
+    sc = _scenario(scenario)
+    folder = out_dir or Path("reports") / (time.strftime("%Y%m%d-%H%M%S") + f"-{sc.name}-locust")
+    try:
+        spec = LoadSpec(host.rstrip("/"), users, spawn_rate, parse_duration(run_time), workers, pool)
+        row, paths = run_load(sc, scenario, spec, folder, label, sys.argv, log=lambda m: console.print(m, highlight=False))
+    except (ValueError, OSError, RuntimeError) as e:
+        _fail(str(e))
+    out.print(f"{row['ok']}/{row['requests']} ok ({row['rejected']} rejected, {row['errors']} errors, "
+              f"{row['timeouts']} timeouts); mean {row['mean_ms']:.1f} ms, p99 {row['p99_ms']:.0f} ms, "
+              f"{row['qps']:.2f} req/s", highlight=False)
+    console.print("wrote " + ", ".join(str(p) for p in paths), highlight=False)
+
+
+@app.command()
 def soak(
     scenario: Path = typer.Argument(..., help="Scenario YAML file."),
     engine: str = typer.Option(..., "--engine", "-e", help="Engine to serve with `bench serve`."),
