@@ -54,8 +54,12 @@ Execute = Callable[[list[Pending]], list[Any]]  # -> one result or exception per
 class Batcher:
     """Bound to the event loop it was created in."""
 
-    def __init__(self, execute: Execute, executor: Executor, budget: Budget, max_wait_s: float):
+    def __init__(self, execute: Execute, executor: Executor, budget: Any, max_wait_s: float,
+                 usage: Callable[[], Any] = _Usage):
+        """`usage()` makes the tally of one batch (`fits(pending, budget)`, `add(pending)`);
+        the default is the prefill rule above, beam_search.BeamUsage the beam one."""
         self.execute, self.executor, self.budget, self.max_wait_s = execute, executor, budget, max_wait_s
+        self.usage = usage
         self.loop = asyncio.get_running_loop()
         self._queue: collections.deque[Pending] = collections.deque()
         self._arrived = asyncio.Event()
@@ -88,7 +92,7 @@ class Batcher:
 
     async def _collect(self) -> list[Pending]:
         first = await self._next(None)
-        usage, batch = _Usage(), [first]
+        usage, batch = self.usage(), [first]
         usage.add(first)
         deadline = self.loop.time() + self.max_wait_s
         while True:

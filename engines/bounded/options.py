@@ -20,6 +20,7 @@ class BoundedOptions:
     max_batch_tokens: int = 0  # padded tokens (samples x longest) per call; 0: one full-bounds request
     max_batch_seqs: int = 0  # samples per call; 0: 8 x max_samples_per_request
     max_labels: int = 64  # distinct label ids per call
+    max_batch_beams: int = 0  # beam rows per decode step (several requests' beams); 0: max(W, 512)
     residual: str = "float32"  # dtype of the residual stream (bf16 GEMMs either way)
     fp8: tuple[str, ...] = ()  # GEMM groups to run in FP8 (CUDA, compute capability >= 8.9)
 
@@ -34,7 +35,7 @@ class BoundedOptions:
         if "fp8" in values:
             values["fp8"] = tuple([values["fp8"]] if isinstance(values["fp8"], str) else values["fp8"])
         try:
-            for name in ("max_batch_tokens", "max_batch_seqs", "max_labels"):
+            for name in ("max_batch_tokens", "max_batch_seqs", "max_labels", "max_batch_beams"):
                 if name in values:
                     values[name] = int(values[name])
             if "max_wait_ms" in values:
@@ -53,11 +54,18 @@ class BoundedOptions:
         bad = [g for g in self.fp8 if g not in GEMM_GROUPS]
         if bad:
             raise OptionError(f"fp8 groups {bad}; groups are {', '.join(GEMM_GROUPS)}")
-        if self.max_wait_ms < 0 or self.max_batch_tokens < 0 or self.max_batch_seqs < 0 or self.max_labels < 1:
-            raise OptionError("max_wait_ms, max_batch_tokens and max_batch_seqs must be >= 0, max_labels >= 1")
+        if (self.max_wait_ms < 0 or self.max_batch_tokens < 0 or self.max_batch_seqs < 0 or self.max_labels < 1
+                or self.max_batch_beams < 0):
+            raise OptionError("max_wait_ms, max_batch_tokens, max_batch_seqs and max_batch_beams must be >= 0, "
+                              "max_labels >= 1")
 
     def batch_tokens(self, bounds: Bounds) -> int:
         return self.max_batch_tokens or bounds.max_samples_per_request * bounds.max_prompt_tokens
 
     def batch_seqs(self, bounds: Bounds) -> int:
         return self.max_batch_seqs or 8 * bounds.max_samples_per_request
+
+    def beam_requests(self, bounds: Bounds) -> int:
+        """Requests whose beams may share one decode step (each planned at the full width)."""
+        rows = self.max_batch_beams or max(bounds.max_beam_width, 512)
+        return max(1, rows // bounds.max_beam_width)

@@ -163,7 +163,7 @@ def test_stages_and_beam_rejection(tiny_engine):
     res = asyncio.run(tiny_engine.submit(PrefillRequest("s", [[1, 2, 3]], [1, 2])))
     assert list(res.stages) == ["tokenize", "queue", "pack", "prefill", "score", "format"]
     assert all(v >= 0 for v in res.stages.values())
-    with pytest.raises(RequestRejected, match="beam_search not supported yet"):
+    with pytest.raises(RequestRejected, match="started for prefill_only, not beam_search"):
         asyncio.run(tiny_engine.submit(BeamRequest("b", [1, 2], beam_width=4, decode_steps=2)))
     d = tiny_engine.describe()
     assert d["name"] == "bounded" and d["compile"] == "eager" and d["dtype"] == "float32"
