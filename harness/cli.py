@@ -149,15 +149,8 @@ def infer(
     """Run the requests of a JSONL file through one engine and write its answers."""
     from harness.infer import infer_file
 
-    opts = {}
-    for kv in option or []:
-        k, _, v = kv.partition("=")
-        try:
-            opts[k] = json.loads(v)
-        except json.JSONDecodeError:
-            opts[k] = v
     try:
-        n, errors = infer_file(engine, model, input, output, dtype=dtype, device=device, options=opts,
+        n, errors = infer_file(engine, model, input, output, dtype=dtype, device=device, options=_kv_options(option),
                                log=lambda m: console.print(m, highlight=False))
     except (ValueError, OSError) as e:
         _fail(str(e))

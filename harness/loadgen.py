@@ -61,6 +61,19 @@ class Tick(Protocol):
     def __call__(self, n: int = 1) -> None: ...
 
 
+class no_progress:
+    """The progress context used when nobody watches: `with no_progress(label, total) as tick`."""
+
+    def __init__(self, *_a):
+        pass
+
+    def __enter__(self) -> Tick:
+        return lambda n=1: None
+
+    def __exit__(self, *a) -> bool:
+        return False
+
+
 async def _fire(engine: Engine, rec: RequestRecord, t0: float, timeout_s: float, point: LoadPoint,
                 clock=time.perf_counter) -> None:
     rec.sent = clock() - t0

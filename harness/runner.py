@@ -12,7 +12,7 @@ from typing import Any, Callable
 from engines.base import Bounds, EngineConfig, EngineDied, EngineUnavailable
 from engines.registry import ENGINES, UnknownEngine, create_engine
 from harness.flops import ModelShape
-from harness.loadgen import LoadPoint, poisson_schedule, run_closed, run_poisson
+from harness.loadgen import no_progress, LoadPoint, poisson_schedule, run_closed, run_poisson
 from harness.metrics import P99_MIN_REQUESTS, PointMetrics, summarise, warnings_for
 from harness.presets import resolve_model
 from harness.scenario import BeamTask, ClosedLoad, EngineSpec, PoissonLoad, Scenario, Slo
@@ -203,7 +203,7 @@ def run_scenario(scenario: Scenario, ov: Overrides, *, base_dir: Path | None = N
     if ov.engines:  # keep the scenario's options for engines it names
         by_name = {s.name: s for s in scenario.engines}
         specs = [by_name.get(s.name, s) for s in specs]
-    progress = progress or _no_progress
+    progress = progress or no_progress
     try:
         for spec in specs:
             er = EngineRun(spec.name)
@@ -218,16 +218,6 @@ def run_scenario(scenario: Scenario, ov: Overrides, *, base_dir: Path | None = N
         log("interrupted: keeping what was measured")
     return result
 
-
-class _no_progress:
-    def __init__(self, *_a):
-        pass
-
-    def __enter__(self):
-        return lambda n=1: None
-
-    def __exit__(self, *a):
-        return False
 
 
 def model_shape(model: str) -> ModelShape:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence
 
 from harness.flops import ModelShape
-from harness.loadgen import LoadPoint, poisson_schedule, run_poisson
+from harness.loadgen import LoadPoint, no_progress, poisson_schedule, run_poisson
 from harness.metrics import ACHIEVED_RATE_MIN, PointMetrics, summarise, warnings_for
 from harness.scenario import ClosedLoad, PoissonLoad, Slo
 
@@ -161,7 +161,7 @@ async def drive_probe(engine, items, load: ProbeLoad, rate: float, progress=None
     gc.collect()
     gc.disable()
     try:
-        with (progress or _quiet)(f"SLO probe {rate:.4g}/s", len(sched)) as tick:
+        with (progress or no_progress)(f"SLO probe {rate:.4g}/s", len(sched)) as tick:
             return await run_poisson(engine, items, rate, sched, warmup_s, load.timeout_s, tick)
     finally:
         gc.enable()
@@ -211,13 +211,3 @@ def run_search(engine, items, slo: Slo, load: ClosedLoad | PoissonLoad, seed: in
     return asyncio.run(find_max_qps(engine, items, slo, probe_load(load, seed), start=start, shape=shape,
                                     peak_tflops=peak_tflops, progress=progress, log=log))
 
-
-class _quiet:
-    def __init__(self, *_a):
-        pass
-
-    def __enter__(self):
-        return lambda n=1: None
-
-    def __exit__(self, *a):
-        return False
