@@ -13,6 +13,7 @@ merged by log-sum-exp. Attention runs in float32 (the K/V buffers are float32).
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -58,8 +59,28 @@ def shared_prefix_attention(q: Tensor, prompt_k: Tensor, prompt_v: Tensor, promp
     return out.reshape(r * w, h * d).to(q.dtype)
 
 
+def prepack_head(weight: Tensor, rows: int) -> Optional[Tensor]:
+    """The head weight [V, hidden] prepacked for oneDNN, where that is the faster GEMM: a
+    CPU, bfloat16. Measured here (2 cores, AVX-512 bf16): 66 ms vs 79 ms for aten's mm at
+    100 rows, but 295 vs 271 ms at 400 rows, so `head_logits` uses it up to PACKED_MAX_ROWS."""
+    if weight.device.type != "cpu" or weight.dtype != torch.bfloat16 or not torch.backends.mkldnn.is_available():
+        return None
+    return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+
+
+PACKED_MAX_ROWS = 200
+
+
+def head_logits(hidden: Tensor, weight: Tensor, out: Tensor, packed: Optional[Tensor] = None) -> Tensor:
+    """hidden [B, hidden] -> full-vocabulary logits [B, V] in the weight's dtype: into `out`,
+    or (prepacked weight, few rows) a new tensor."""
+    if packed is not None and hidden.shape[0] <= PACKED_MAX_ROWS:
+        return torch.ops.mkldnn._linear_pointwise(hidden, packed, None, "none", [], "")
+    return torch.mm(hidden, weight.t(), out=out)
+
+
 def head_log_probs(hidden: Tensor, weight: Tensor, banned: Tensor, logp: Tensor,
-                   logits: Tensor | None = None) -> Tensor:
+                   logits: Optional[Tensor] = None, packed: Optional[Tensor] = None) -> Tensor:
     """Full-vocabulary log-probabilities into planned buffers, as transformers computes them.
 
     hidden: [B, hidden] final-normed; weight: [V, hidden] head; banned: [E] ids (EOS) set
@@ -69,10 +90,9 @@ def head_log_probs(hidden: Tensor, weight: Tensor, banned: Tensor, logp: Tensor,
     place, so float32 results match transformers' `log_softmax(logits.float())` bit for bit.
     """
     if weight.dtype == torch.float32:
-        torch.mm(hidden, weight.t(), out=logp)
+        head_logits(hidden, weight, logp)
     else:
-        torch.mm(hidden, weight.t(), out=logits)
-        logp.copy_(logits)
+        logp.copy_(head_logits(hidden, weight, logits, packed))
     torch.ops.aten._log_softmax.out(logp, -1, False, out=logp)
     return logp.index_fill_(-1, banned, -math.inf)
 

@@ -160,6 +160,7 @@ class BeamRunner:
         self.head_weight, self.device = head_weight, head_weight.device  # [V, hidden]
         self.buffers = BeamBuffers(cfg, plan, head_weight.dtype, head_weight.device)
         self.banned = torch.tensor(list(banned), dtype=torch.int64, device=self.device)
+        self.packed_head = beam.prepack_head(head_weight, plan.max_width)
 
     def run(self, jobs: Sequence[BeamJob], stages: Optional[dict[str, float]] = None) -> list[BeamOutput]:
         stages = {} if stages is None else stages
@@ -180,7 +181,8 @@ class BeamRunner:
         if any(j.steps != steps for j in jobs) or r > self.plan.max_requests:
             raise ValueError(f"a beam batch holds 1..{self.plan.max_requests} jobs with equal decode_steps")
         graph, width = self.graphs.step(max(j.width for j in jobs))
-        if r * width > self.plan.max_rows or steps > self.plan.max_steps:
+        if max(j.width for j in jobs) > self.plan.max_width or r * width > self.plan.max_rows \
+                or steps > self.plan.max_steps:
             raise ValueError(f"{r} requests x {width} beams x {steps} steps exceed the planned buffers")
         packed = self.buffers.pack.pack([list(j.prompt) for j in jobs])
         hidden, k, v = self.graphs.prefill()(*packed.graph_args())  # [R, hidden]; [layers, R, Hkv, L, D]
@@ -242,7 +244,7 @@ class BeamRunner:
     def _head(self, hidden: Tensor) -> Tensor:
         # hidden: [rows, hidden] -> log-probabilities [rows, V] in the planned buffer
         logp, logits = self.buffers.head_views(hidden.shape[0])
-        return beam.head_log_probs(hidden, self.head_weight, self.banned, logp, logits)
+        return beam.head_log_probs(hidden, self.head_weight, self.banned, logp, logits, self.packed_head)
 
     def _select(self, batch: BeamBatch, logp: Tensor, cum: Tensor, nodes: Tensor, state: BeamState,
                 t: int) -> BeamState:

@@ -125,6 +125,31 @@ def test_head_log_probs_match_log_softmax_then_mask():
     want = torch.log_softmax(hidden @ weight.t(), -1)
     want[:, banned] = -math.inf
     assert torch.equal(got, want)
-    got16 = beam.head_log_probs(hidden.bfloat16(), weight.bfloat16(), banned, torch.empty(5, 300),
+    w16 = weight.bfloat16()
+    got16 = beam.head_log_probs(hidden.bfloat16(), w16, banned, torch.empty(5, 300),
                                 torch.empty(5, 300, dtype=torch.bfloat16))
     assert torch.allclose(got16[:, :3], want[:, :3], atol=0.2)
+    packed = beam.prepack_head(w16, 5)
+    if packed is not None:  # oneDNN's prepacked GEMM: the same values
+        got_packed = beam.head_log_probs(hidden.bfloat16(), w16, banned, torch.empty(5, 300),
+                                         torch.empty(5, 300, dtype=torch.bfloat16), packed)
+        assert torch.allclose(got_packed, got16, atol=0.05)
+
+
+def test_requests_only_fill_the_planned_buffers(tiny_dir):
+    from engines.bounded.beam_runtime import BeamPlan
+
+    r = runner(tiny_dir, plan=BeamPlan(2, 64, 3, 40))
+    bufs = r.buffers
+    planned = [t.data_ptr() for t in (*bufs.prompt_kv, *bufs.suffix_kv[0], *bufs.suffix_kv[1], bufs.logp)]
+    size = bufs.nbytes()
+    for i in range(3):
+        r.run([BeamJob(_prompt(i, 40), 64, 3), BeamJob(_prompt(i + 9, 3), 20, 3)])
+    assert [t.data_ptr() for t in (*bufs.prompt_kv, *bufs.suffix_kv[0], *bufs.suffix_kv[1], bufs.logp)] == planned
+    assert bufs.nbytes() == size
+    with pytest.raises(ValueError, match="planned buffers"):
+        r.run([BeamJob(_prompt(0, 41), 8, 3)])
+    with pytest.raises(ValueError, match="planned buffers"):
+        r.run([BeamJob([1], 65, 3)])
+    with pytest.raises(ValueError, match="1..2 jobs"):
+        r.run([BeamJob([1], 8, 3)] * 3)
