@@ -4,8 +4,8 @@
 `aoti_compile_and_package` (weights become constants in the package) and loads it with
 `aoti_load_package`. The package is stored under the cache root
 (`$BOUNDED_BENCH_CACHE` or ~/.cache/bounded-bench) in `compiled/`, named by a digest of the
-`CompileKey`: model fingerprint, dtypes, device, torch version and shape policy. A second
-start with the same key only loads.
+`CompileKey`: model fingerprint, dtypes, device, torch version, shape policy and the
+digest of the graph-defining sources. A second start with the same key only loads.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -38,12 +38,26 @@ class ShapePolicy:
     max_labels: int = 256  # N: label rows per call
 
     def dims(self) -> dict[str, Dim]:
+        # (not named "S": derived dims go through sympy, where S is a singleton registry)
         return {
-            "T": Dim("T", min=1, max=self.max_tokens),
-            "S": Dim("S", min=1, max=self.max_seqs),
-            "L": Dim("L", min=1, max=self.max_len),
-            "N": Dim("N", min=1, max=self.max_labels),
+            "T": Dim("tokens", min=1, max=self.max_tokens),
+            "S": Dim("seqs", min=1, max=self.max_seqs),
+            "L": Dim("seqlen", min=1, max=self.max_len),
+            "N": Dim("labels", min=1, max=self.max_labels),
         }
+
+
+# Modules of this package that only serve requests; every other module may shape a graph,
+# so its source is part of the cache key (an edited kernel must not load a stale package).
+_SERVING_ONLY = {"engine.py", "batcher.py", "dag.py", "scoring.py", "options.py", "aot.py"}
+
+
+def source_digest() -> str:
+    h = hashlib.sha256()
+    for f in sorted(Path(__file__).parent.glob("*.py")):
+        if f.name not in _SERVING_ONLY:
+            h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -56,6 +70,8 @@ class CompileKey:
     device: str
     torch_version: str
     shapes: ShapePolicy
+    code: str = field(default_factory=source_digest)  # the graph-defining sources
+    inductor: str = ""  # Inductor settings the package was compiled with (json)
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]

@@ -95,6 +95,54 @@ def packed_attention_padded(q: Tensor, k: Tensor, v: Tensor, pad_index: Tensor,
     return o[unpad_index]
 
 
+def varlen_attention_cpu(q: Tensor, k: Tensor, v: Tensor, spans: list[tuple[int, int]],
+                         fp32_scores: bool = True) -> Tensor:
+    """Causal attention of each packed sequence, per sequence with two batched GEMMs.
+
+    The g query heads sharing a kv head are stacked into one [g*n, D] matrix (no K/V
+    repeat); the causal mask is an additive bias, softmax in float32. On CPUs without AMX
+    this runs ~2.5x faster than the flash kernel over a padded view, and with no padding.
+    `fp32_scores` computes Q K^T from float32 copies (bf16 GEMM output would round the
+    logits). q: [T, Hq, D], k/v: [T, Hkv, D] -> [T, Hq*D].
+    """
+    t, hq, d = q.shape
+    hkv = k.shape[1]
+    g = hq // hkv
+    longest = max(e - s for s, e in spans)
+    bias = torch.full((longest, longest), float("-inf"), device=q.device).triu_(1)
+    out = torch.empty(t, hkv, g, d, dtype=q.dtype, device=q.device)
+    for start, end in spans:
+        n = end - start
+        qs = q[start:end].reshape(n, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * n, d)
+        ks = k[start:end].transpose(0, 1)  # [Hkv, n, D]
+        vs = v[start:end].transpose(0, 1)
+        if fp32_scores:
+            qs, ks = qs.float(), ks.float()
+        scores = torch.matmul(qs, ks.transpose(1, 2)).view(hkv, g, n, n)
+        scores = torch.add(bias[:n, :n], scores, alpha=d ** -0.5)  # float32
+        p = torch.softmax(scores, dim=-1).to(v.dtype).view(hkv, g * n, n)
+        out[start:end] = torch.matmul(p, vs).view(hkv, g, n, d).permute(2, 0, 1, 3)
+    return out.view(t, hq * d)
+
+
+@torch.library.custom_op("bounded::varlen_attention", mutates_args=())
+def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor) -> Tensor:
+    """Causal attention within each packed sequence; cu_seqlens: [S+1] host int64 offsets.
+
+    An opaque op for torch.export/Inductor (the graph around it is compiled; this runs the
+    device's fastest eager kernels). q: [T, Hq, D], k/v: [T, Hkv, D] -> [T, Hq*D]."""
+    offsets = cu_seqlens.tolist()
+    spans = list(zip(offsets[:-1], offsets[1:]))
+    if q.device.type == "cpu":
+        return varlen_attention_cpu(q, k, v, spans)
+    return packed_attention_loop(q, k, v, spans)
+
+
+@varlen_attention.register_fake
+def _(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor) -> Tensor:
+    return q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
+
+
 def packed_attention_loop(q: Tensor, k: Tensor, v: Tensor, spans: list[tuple[int, int]]) -> Tensor:
     """Same result as `packed_attention_padded`, one SDPA per sequence (eager only: the
     Python loop over `spans` = [(start, end)] is request-dependent)."""

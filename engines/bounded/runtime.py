@@ -7,6 +7,7 @@ is separate from serving: `compile()` only makes sure the cached package exists,
 """
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -14,23 +15,26 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from engines.bounded import aot
+from engines.bounded import aot, kernels  # kernels registers the ops the packages call
 from engines.bounded.config import PrecisionPolicy
 from engines.bounded.packing import PackBuffers, PackedBatch
 from engines.bounded.weights import fingerprint
 
 COMPILE_MODES = ("aot", "eager")
 PROGRAM = "score_prefill"
+INDUCTOR_CONFIGS: dict[str, Any] = {}
 
 
 class PrefillRuntime:
     def __init__(self, model_dir: Path, policy: PrecisionPolicy, device: str, shapes: aot.ShapePolicy,
-                 compile_mode: str = "aot", log: Callable[[str], None] = print):
+                 compile_mode: str = "aot", log: Callable[[str], None] = print,
+                 inductor_configs: Optional[dict[str, Any]] = None):
         if compile_mode not in COMPILE_MODES:
             raise ValueError(f"compile mode {compile_mode!r}; choose one of {', '.join(COMPILE_MODES)}")
         self.model_dir, self.policy, self.shapes, self.log = Path(model_dir), policy, shapes, log
         self.device = torch.device(device)
         self.requested = compile_mode
+        self.inductor_configs = dict(INDUCTOR_CONFIGS if inductor_configs is None else inductor_configs)
         self.status: dict[str, Any] = {"compile": compile_mode, "compile_requested": compile_mode}
         self._graph: Optional[Callable[..., Tensor]] = None
         self._program: Optional[torch.nn.Module] = None
@@ -42,7 +46,8 @@ class PrefillRuntime:
         p = self.policy
         return aot.CompileKey(PROGRAM, fingerprint(self.model_dir), p.dtype, p.residual,
                               ",".join(f"{g}={k}" for g, k in sorted(p.gemm.items())),
-                              aot.device_tag(self.device), torch.__version__, self.shapes)
+                              aot.device_tag(self.device), torch.__version__, self.shapes,
+                              inductor=json.dumps(self.inductor_configs, sort_keys=True))
 
     def program(self) -> torch.nn.Module:
         """The eager ScorePrefill module (loads the weights on first use)."""
@@ -58,7 +63,7 @@ class PrefillRuntime:
         """Load the AOT package for this key, compiling it if the cache has none."""
         key = self.key()
         loaded = aot.load_or_compile(key, self.program, self._example_args(), self._dynamic_shapes(),
-                                     self.log)
+                                     self.log, self.inductor_configs)
         self._graph = loaded.runner
         self.status.update(compile="aot", package=str(loaded.path), compiled_now=loaded.compiled_now,
                            load_s=round(loaded.seconds, 2), key=key.digest())
@@ -96,7 +101,7 @@ class PrefillRuntime:
         """-> label logits [S, N] float32 on the CPU."""
         labels = label_ids.to(self.device)
         with torch.inference_mode():
-            out = self._graph(*batch.graph_args(), labels)
+            out = self._graph(*batch.varlen_args(), labels)
         return out.float().cpu()
 
     # --- export helpers -----------------------------------------------------------------
@@ -104,8 +109,8 @@ class PrefillRuntime:
     def _example_args(self) -> tuple[Tensor, ...]:
         # distinct, >= 2 sizes for every dynamic dim, so export specialises none of them
         b = PackBuffers(15, 3, 7, self.device).pack([[1] * 5, [2] * 7, [3] * 3])
-        return (*(t.clone() for t in b.graph_args()), torch.tensor([1, 2], device=self.device))
+        return (*(t.clone() for t in b.varlen_args()), torch.tensor([1, 2], device=self.device))
 
     def _dynamic_shapes(self) -> tuple:
         d = self.shapes.dims()
-        return ({0: d["T"]}, {0: d["T"]}, {0: d["S"], 1: d["L"]}, {0: d["T"]}, {0: d["S"]}, {0: d["N"]})
+        return ({0: d["T"]}, {0: d["T"]}, {0: d["S"] + 1}, {0: d["S"]}, {0: d["N"]})

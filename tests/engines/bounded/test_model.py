@@ -20,7 +20,7 @@ from .conftest import random_seqs, reference
 def _scores(model_dir, dtype, seqs, labels):
     prog = ScorePrefill(load_model(model_dir, PrecisionPolicy(dtype)))
     with torch.no_grad():
-        return torch.softmax(prog(*pack(seqs).graph_args(), torch.tensor(labels)), -1)
+        return torch.softmax(prog(*pack(seqs).varlen_args(), torch.tensor(labels)), -1)
 
 
 def test_float32_matches_transformers(preset_dir):
@@ -47,7 +47,7 @@ def test_unknown_family_lists_known_ones(tiny_dir_copy):
         load_model(tiny_dir_copy, PrecisionPolicy("float32"))
 
 
-def test_loop_and_padded_attention_agree():
+def test_packed_attention_kernels_agree():
     torch.manual_seed(0)
     lengths = [5, 1, 17, 9]
     t = sum(lengths)
@@ -55,7 +55,9 @@ def test_loop_and_padded_attention_agree():
     b = pack([[0] * n for n in lengths])
     padded = kernels.packed_attention_padded(q, k, v, b.pad_index, b.unpad_index)
     loop = kernels.packed_attention_loop(q, k, v, list(b.spans))
+    varlen = kernels.varlen_attention(q, k, v, b.cu_seqlens)
     assert torch.allclose(padded, loop, atol=1e-5)
+    assert torch.allclose(varlen, loop, atol=1e-5)
     # each sequence alone: attention never crosses a sequence boundary
     s, e = b.spans[2]
     alone = kernels.packed_attention_loop(q[s:e], k[s:e], v[s:e], [(0, e - s)])
