@@ -39,11 +39,12 @@ class ShapePolicy:
 
     def dims(self) -> dict[str, Dim]:
         # (not named "S": derived dims go through sympy, where S is a singleton registry)
+        # (a Dim needs max > min; sizes past the policy are stopped by the buffers anyway)
         return {
-            "T": Dim("tokens", min=1, max=self.max_tokens),
-            "S": Dim("seqs", min=1, max=self.max_seqs),
-            "L": Dim("seqlen", min=1, max=self.max_len),
-            "N": Dim("labels", min=1, max=self.max_labels),
+            "T": Dim("tokens", min=1, max=max(2, self.max_tokens)),
+            "S": Dim("seqs", min=1, max=max(2, self.max_seqs)),
+            "L": Dim("seqlen", min=1, max=max(2, self.max_len)),
+            "N": Dim("labels", min=1, max=max(2, self.max_labels)),
         }
 
 
