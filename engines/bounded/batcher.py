@@ -1,5 +1,5 @@
 """Cross-request batching: business requests wait (at most `max_wait_s` after the first one
-arrives) to be merged into one model call under a budget of padded tokens, sequences and
+arrives) to be merged into one model call under a budget of packed tokens, sequences and
 label rows. The call runs in a worker thread so the event loop stays responsive; each
 request gets its own outcome (a result or its own exception).
 """
@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 @dataclass(frozen=True)
 class Budget:
-    max_padded_tokens: int  # sequences x longest sequence, over the whole batch
+    max_tokens: int  # packed tokens over the whole batch
     max_seqs: int
     max_labels: int  # distinct label ids over the whole batch
 
@@ -34,17 +34,17 @@ class Pending:
 
 class _Usage:
     def __init__(self) -> None:
-        self.seqs, self.longest, self.labels = 0, 0, set()
+        self.seqs, self.tokens, self.labels = 0, 0, set()
 
     def fits(self, p: Pending, b: Budget) -> bool:
         seqs = self.seqs + len(p.seqs)
-        longest = max(self.longest, max(map(len, p.seqs)))
+        tokens = self.tokens + sum(map(len, p.seqs))
         labels = self.labels | set(p.state["label_ids"])
-        return seqs <= b.max_seqs and seqs * longest <= b.max_padded_tokens and len(labels) <= b.max_labels
+        return seqs <= b.max_seqs and tokens <= b.max_tokens and len(labels) <= b.max_labels
 
     def add(self, p: Pending) -> None:
         self.seqs += len(p.seqs)
-        self.longest = max(self.longest, max(map(len, p.seqs)))
+        self.tokens += sum(map(len, p.seqs))
         self.labels |= set(p.state["label_ids"])
 
 

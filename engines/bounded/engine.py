@@ -47,8 +47,8 @@ class BoundedEngine(Engine):
                                       {g: "fp8" if g in self.options.fp8 else "dense" for g in GEMM_GROUPS})
         b = config.bounds
         self.budget = Budget(self.options.batch_tokens(b), self.options.batch_seqs(b), self.options.max_labels)
-        self.shapes = ShapePolicy(max_tokens=self.budget.max_padded_tokens, max_seqs=self.budget.max_seqs,
-                                  max_len=min(b.max_prompt_tokens, self.budget.max_padded_tokens),
+        self.shapes = ShapePolicy(max_tokens=self.budget.max_tokens, max_seqs=self.budget.max_seqs,
+                                  max_len=min(b.max_prompt_tokens, self.budget.max_tokens),
                                   max_labels=self.options.max_labels)
         self.runtime = PrefillRuntime(config.model_dir, self.policy, config.device, self.shapes,
                                       self.options.compile, log=_log)
@@ -97,7 +97,7 @@ class BoundedEngine(Engine):
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.config.model_dir))
         if PREFILL_ONLY in self.serves:
             self.runtime.start()
-        limits = Limits(cfg.vocab, self.options.max_labels, self.budget.max_padded_tokens)
+        limits = Limits(cfg.vocab, self.options.max_labels, self.budget.max_tokens)
         self.dag = build_dag(ScoringNodes(self.tokenizer, self.runtime, self.config.bounds, limits))
         if BEAM_SEARCH in self.serves:
             self.beam_runtime.start()
@@ -132,7 +132,7 @@ class BoundedEngine(Engine):
             "bounds": {"max_samples_per_request": b.max_samples_per_request,
                        "max_prompt_tokens": b.max_prompt_tokens, "on_violation": b.on_violation},
             "batching": {"max_wait_ms": self.options.max_wait_ms,
-                         "max_batch_tokens": self.budget.max_padded_tokens,
+                         "max_batch_tokens": self.budget.max_tokens,
                          "max_batch_seqs": self.budget.max_seqs, "max_labels": self.budget.max_labels},
             "dag": {"request": self.dag.names("request"), "batch": self.dag.names("batch")}
             if self._started else None,

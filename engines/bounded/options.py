@@ -17,7 +17,7 @@ class OptionError(ValueError):
 class BoundedOptions:
     compile: str = "aot"  # "aot" (AOTInductor, cached) or "eager"
     max_wait_ms: float = 2.0  # how long a batch waits for more requests after its first
-    max_batch_tokens: int = 0  # padded tokens (samples x longest) per call; 0: one full-bounds request
+    max_batch_tokens: int = 0  # packed tokens per call; 0: one full-bounds request
     max_batch_seqs: int = 0  # samples per call; 0: 8 x max_samples_per_request
     max_labels: int = 64  # distinct label ids per call
     max_batch_beams: int = 0  # beam rows per decode step (several requests' beams); 0: max(W, 512)

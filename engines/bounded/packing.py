@@ -43,17 +43,15 @@ class PackBuffers:
     """Index buffers for up to `max_tokens` tokens in `max_seqs` sequences of at most
     `max_len` tokens each, on `device`."""
 
-    def __init__(self, max_tokens: int, max_seqs: int, max_len: int, device: torch.device,
-                 len_multiple: int = 1):
+    def __init__(self, max_tokens: int, max_seqs: int, max_len: int, device: torch.device):
         self.max_tokens, self.max_seqs, self.max_len = max_tokens, max_seqs, max_len
-        self.len_multiple = len_multiple  # the padded view's L is rounded up to a multiple
         i64 = dict(dtype=torch.int64, device=device)
         self.tokens = torch.zeros(max_tokens, **i64)
         self.positions = torch.zeros(max_tokens, **i64)
         self.unpad_index = torch.zeros(max_tokens, **i64)
         self.last_index = torch.zeros(max_seqs, **i64)
         # no sequence is longer than the token budget, so S*L <= max_seqs * min(max_len, budget)
-        self.pad_index = torch.zeros(max_seqs * _round_up(min(max_len, max_tokens), len_multiple), **i64)
+        self.pad_index = torch.zeros(max_seqs * min(max_len, max_tokens), **i64)
         self.cu_seqlens = torch.zeros(max_seqs + 1, dtype=torch.int64)  # host: read by the attention op
 
     def pack(self, seqs: Sequence[Sequence[int]]) -> PackedBatch:
@@ -64,21 +62,16 @@ class PackBuffers:
                              f"the planned buffers ({self.max_seqs} sequences, {self.max_tokens} "
                              f"tokens, {self.max_len} per sequence, none empty)")
         flat = [t for s in seqs for t in s]
-        width = _round_up(longest, self.len_multiple)
-        meta = _index_arrays(torch.tensor(lengths), width)
+        meta = _index_arrays(torch.tensor(lengths), longest)
         tokens = _fill(self.tokens, torch.tensor(flat, dtype=torch.int64))
         positions = _fill(self.positions, meta["positions"])
         unpad = _fill(self.unpad_index, meta["unpad_index"])
         last = _fill(self.last_index, meta["last_index"])
-        pad = _fill(self.pad_index, meta["pad_index"].reshape(-1)).view(n, width)
+        pad = _fill(self.pad_index, meta["pad_index"].reshape(-1)).view(n, longest)
         starts = meta["starts"].tolist()
         spans = tuple((s, s + l) for s, l in zip(starts, lengths))
         cu = _fill(self.cu_seqlens, torch.tensor(starts + [total], dtype=torch.int64))
         return PackedBatch(tokens, positions, pad, unpad, last, spans, cu)
-
-
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
 
 
 def _fill(buffer: Tensor, values: Tensor) -> Tensor:
@@ -104,9 +97,8 @@ def _index_arrays(lengths: Tensor, longest: int) -> dict[str, Tensor]:
     }
 
 
-def pack(seqs: Sequence[Sequence[int]], device: torch.device | str = "cpu",
-         len_multiple: int = 1) -> PackedBatch:
+def pack(seqs: Sequence[Sequence[int]], device: torch.device | str = "cpu") -> PackedBatch:
     """Pack without planned buffers (tests, tools)."""
     lengths = [len(s) for s in seqs]
-    bufs = PackBuffers(sum(lengths), len(seqs), max(lengths), torch.device(device), len_multiple)
+    bufs = PackBuffers(sum(lengths), len(seqs), max(lengths), torch.device(device))
     return bufs.pack(seqs)

@@ -22,7 +22,7 @@ class Limits:
 
     vocab: int
     max_labels: int
-    max_padded_tokens: int  # S * L of one call (the padded attention view)
+    max_tokens: int  # packed tokens of one call
 
 
 class ScoringNodes:
@@ -43,10 +43,10 @@ class ScoringNodes:
         bad = [t for t in labels + [t for s in seqs for t in s] if not 0 <= t < self.limits.vocab]
         if bad:
             raise RequestRejected(f"token ids outside the vocabulary [0, {self.limits.vocab}): {bad[:5]}")
-        padded = len(seqs) * max(map(len, seqs))
-        if padded > self.limits.max_padded_tokens:
-            raise RequestRejected(f"{len(seqs)} samples x {max(map(len, seqs))} tokens exceed the batch "
-                                  f"budget of {self.limits.max_padded_tokens} (engine option max_batch_tokens)")
+        total = sum(map(len, seqs))
+        if total > self.limits.max_tokens:
+            raise RequestRejected(f"{total} tokens exceed the batch budget of {self.limits.max_tokens} "
+                                  "(engine option max_batch_tokens)")
         return {"seqs": seqs, "label_ids": labels}
 
     def pack(self, st: dict[str, Any]) -> dict[str, Any]:

@@ -46,7 +46,7 @@ def test_batcher_merges_within_budget_and_isolates_outcomes():
         return [ValueError("bad") if p.state.get("bad") else len(p.seqs) for p in batch]
 
     async def main():
-        b = Batcher(execute, ThreadPoolExecutor(1), Budget(max_padded_tokens=40, max_seqs=8, max_labels=3),
+        b = Batcher(execute, ThreadPoolExecutor(1), Budget(max_tokens=40, max_seqs=8, max_labels=3),
                     max_wait_s=0.05)
         states = [_pending_state(2, 10), _pending_state(2, 10), {**_pending_state(1, 5), "bad": True},
                   _pending_state(1, 10, labels=(7, 8))]  # 4th: label union would be 4 > 3
@@ -56,5 +56,5 @@ def test_batcher_merges_within_budget_and_isolates_outcomes():
 
     out = asyncio.run(main())
     assert out[0] == 2 and out[1] == 2 and isinstance(out[2], ValueError) and out[3] == 1
-    # 2x10 + 2x10 = 40 padded fits; the bad one (1 more seq, padded 5x10=50) does not
+    # 2x10 + 2x10 = 40 tokens fit; the bad one (5 more) does not
     assert seen == [2, 1, 1]
