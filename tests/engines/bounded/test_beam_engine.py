@@ -92,3 +92,21 @@ def test_aot_graphs_agree_with_eager(tiny_dir, engine, tmp_path, monkeypatch):
             assert_same_beams(output(got), output(want))
     finally:
         aot.stop()
+
+
+def test_compile_failure_falls_back_to_eager(tiny_dir, monkeypatch):
+    import engines.bounded.beam_graphs as bg
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no C++ compiler")
+
+    monkeypatch.setattr(bg, "compile_graphs", broken)
+    e = start(tiny_dir, bounds=Bounds(max_samples_per_request=1, max_prompt_tokens=16, max_beam_width=4,
+                                      max_decode_steps=2), compile="aot")
+    try:
+        status = e.describe()["beam"]["status"]
+        assert status["compile"] == "eager" and "no C++ compiler" in status["fallback_reason"]
+        res = asyncio.run(e.submit(BeamRequest("r", [1, 2, 3], 4, 2)))
+        assert_same_beams(output(res), hf_beams(tiny_dir, [1, 2, 3], 4, 2))
+    finally:
+        e.stop()
