@@ -50,7 +50,8 @@ class ShapePolicy:
 
 # Modules of this package that only serve requests; every other module may shape a graph,
 # so its source is part of the cache key (an edited kernel must not load a stale package).
-_SERVING_ONLY = {"engine.py", "batcher.py", "dag.py", "scoring.py", "options.py", "aot.py"}
+_SERVING_ONLY = {"engine.py", "batcher.py", "dag.py", "scoring.py", "options.py", "aot.py",
+                 "beam_search.py", "beam_runtime.py", "constraints.py"}
 
 
 def source_digest() -> str:

@@ -13,6 +13,7 @@ rows are wasted work), else in the eager step at its own width.
 """
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,7 @@ from engines.bounded.config import ModelConfig, PrecisionPolicy
 from engines.bounded.model import DecoderModel
 from engines.bounded.weights import fingerprint
 
-# Inductor settings of the beam packages (part of the cache key through BeamShapes)
+# Inductor settings of the beam packages (part of their cache key)
 INDUCTOR_CONFIGS = {"freezing": True}
 
 
@@ -42,7 +43,6 @@ class BeamShapes:
     max_prompt: int
     suffix_slots: int
     max_positions: int  # rows of the rotary tables baked into the graph
-    inductor: str = ",".join(f"{k}={v}" for k, v in sorted(INDUCTOR_CONFIGS.items()))
 
 
 class CompiledBeamGraphs(BeamGraphs):
@@ -68,7 +68,7 @@ def compile_graphs(model: DecoderModel, model_dir: Path, policy: PrecisionPolicy
     max_positions = model.rope.cos.shape[0]
     prefill_shapes = BeamShapes(0, plan.max_requests, plan.max_prompt, plan.suffix_slots, max_positions)
     prefill = _load(model, BeamPrefill(model).eval(), "beam_prefill", prefill_shapes, model_dir, policy,
-                    _prefill_example(model.rope.cos.device), _prefill_dims(plan), log, status)
+                    _prefill_example(plan, model.rope.cos.device), _prefill_dims(plan), log, status)
     steps = {}
     for w in sorted(set(widths)):
         shapes = BeamShapes(w, max(1, plan.max_rows // w), plan.max_prompt, plan.suffix_slots, max_positions)
@@ -81,7 +81,8 @@ def _load(model: DecoderModel, program: nn.Module, name: str, shapes: BeamShapes
           policy: PrecisionPolicy, example: tuple, dims: tuple, log, status: dict) -> Graph:
     key = aot.CompileKey(name, fingerprint(model_dir), policy.dtype, policy.residual,
                          ",".join(f"{g}={k}" for g, k in sorted(policy.gemm.items())),
-                         aot.device_tag(model.rope.cos.device), torch.__version__, shapes)  # type: ignore[arg-type]
+                         aot.device_tag(model.rope.cos.device), torch.__version__, shapes,  # type: ignore[arg-type]
+                         inductor=json.dumps(INDUCTOR_CONFIGS, sort_keys=True))
     loaded = aot.load_or_compile(key, lambda: program, example, dims, log, INDUCTOR_CONFIGS)
     status[name] = {"package": str(loaded.path), "compiled_now": loaded.compiled_now,
                     "load_s": round(loaded.seconds, 2)}
@@ -91,26 +92,27 @@ def _load(model: DecoderModel, program: nn.Module, name: str, shapes: BeamShapes
 # --- export examples and dynamic dims: >= 2 and distinct sizes, so export specialises none --
 
 
-def _prefill_example(device: torch.device) -> tuple[Tensor, ...]:
+def _prefill_example(plan: BeamPlan, device: torch.device) -> tuple[Tensor, ...]:
+    # >= 2 distinct sizes per dynamic dim so export specialises none, and typical ones,
+    # since Inductor tunes its kernels for the example's sizes
     from engines.bounded.packing import PackBuffers
 
-    b = PackBuffers(15, 3, 7, device).pack([[1] * 5, [2] * 7, [3] * 3])
-    return tuple(t.clone() for t in b.graph_args())
+    n = max(2, min(plan.max_requests, 4))
+    length = max(3, min(plan.max_prompt, 96))
+    lengths = [length - (i % 2) for i in range(n)]  # T != R * L, so no two dims unify
+    b = PackBuffers(sum(lengths), n, length, device).pack([[1] * m for m in lengths])
+    return tuple(t.clone() for t in (b.tokens, b.positions, b.cu_seqlens, b.pad_index, b.last_index))
 
 
 def _prefill_dims(plan: BeamPlan) -> tuple:
-    # maxima at least the example's sizes (15 tokens, 3 prompts, 7 per prompt)
-    t = Dim("T", min=1, max=max(15, plan.max_requests * plan.max_prompt))
-    r = Dim("R", min=1, max=max(3, plan.max_requests))
-    longest = Dim("L", min=1, max=max(7, plan.max_prompt))
-    return ({0: t}, {0: t}, {0: r, 1: longest}, {0: t}, {0: r})
-
-
-_EXAMPLE_PROMPT = 9
+    t = Dim("tokens", min=1, max=max(2, plan.max_requests) * max(3, plan.max_prompt))
+    r = Dim("prompts", min=1, max=max(2, plan.max_requests))
+    longest = Dim("longest", min=1, max=max(3, plan.max_prompt))
+    return ({0: t}, {0: t}, {0: r + 1}, {0: r, 1: longest}, {0: r})
 
 
 def _step_example(cfg: ModelConfig, s: BeamShapes, device: torch.device) -> tuple[Any, ...]:
-    r, p = 2, _EXAMPLE_PROMPT
+    r, p = 2, max(3, min(s.max_prompt, 96))  # a typical prompt length (Inductor tunes for it)
     b = r * s.width
     kv = (cfg.layers, r, cfg.kv_heads, p, cfg.head_dim)
     suffix = (cfg.layers, b, s.suffix_slots, cfg.kv_heads, cfg.head_dim)
@@ -122,8 +124,8 @@ def _step_example(cfg: ModelConfig, s: BeamShapes, device: torch.device) -> tupl
 
 
 def _step_dims(s: BeamShapes) -> tuple:
-    r = Dim("R", min=1, max=max(2, s.max_requests))
-    p = Dim("P", min=1, max=max(_EXAMPLE_PROMPT, s.max_prompt))
+    r = Dim("requests", min=1, max=max(2, s.max_requests))
+    p = Dim("prompt", min=1, max=max(3, s.max_prompt))
     b = s.width * r
     return ({0: b}, {0: b}, {1: r, 3: p}, {1: r, 3: p}, {0: r}, {1: b}, {1: b}, None)
 

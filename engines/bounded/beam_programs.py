@@ -23,20 +23,21 @@ def head_weight(model: DecoderModel) -> Tensor:
 class BeamPrefill(nn.Module):
     """Packed prefill of R prompts, keeping every layer's K/V.
 
-    forward(tokens [T], positions [T], pad_index [R, L], unpad_index [T], last_index [R])
-    -> (final-normed hidden state at each prompt's last token [R, hidden],
+    forward(tokens [T], positions [T], cu_seqlens [R+1] (host), pad_index [R, L],
+    last_index [R]) -> (final-normed hidden state at each prompt's last token [R, hidden],
     prompt_k [layers, R, Hkv, L, D] float32, prompt_v likewise; rows past a prompt's end
-    hold copies of its last token and must be masked by the reader).
+    hold copies of its last token and must be masked by the reader). Attention is the
+    prefill's own `bounded::varlen_attention` op; `pad_index` only lays out the K/V.
     """
 
     def __init__(self, model: DecoderModel):
         super().__init__()
         self.model = model
 
-    def forward(self, tokens: Tensor, positions: Tensor, pad_index: Tensor, unpad_index: Tensor,
+    def forward(self, tokens: Tensor, positions: Tensor, cu_seqlens: Tensor, pad_index: Tensor,
                 last_index: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-            return kernels.packed_attention_padded(q, k, v, pad_index, unpad_index)
+            return kernels.varlen_attention(q, k, v, cu_seqlens)
 
         hidden, kv = self.model.prefill(tokens, positions, attend, rows=last_index, keep_kv=True)
         # [layers, T, Hkv, D] -> padded per prompt [layers, R, Hkv, L, D]

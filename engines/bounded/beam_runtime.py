@@ -185,7 +185,9 @@ class BeamRunner:
                 or steps > self.plan.max_steps:
             raise ValueError(f"{r} requests x {width} beams x {steps} steps exceed the planned buffers")
         packed = self.buffers.pack.pack([list(j.prompt) for j in jobs])
-        hidden, k, v = self.graphs.prefill()(*packed.graph_args())  # [R, hidden]; [layers, R, Hkv, L, D]
+        # [R, hidden]; [layers, R, Hkv, L, D]
+        hidden, k, v = self.graphs.prefill()(packed.tokens, packed.positions, packed.cu_seqlens,
+                                             packed.pad_index, packed.last_index)
         longest = k.shape[3]
         pk, pv = self.buffers.prompt_views(r, longest)
         pk.copy_(k)
