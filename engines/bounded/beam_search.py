@@ -42,7 +42,7 @@ class BeamUsage:
 class BeamNodes:
     def __init__(self, tokenizer: Any, runtime: BeamRuntime, bounds: Bounds, vocab: int):
         self.tokenizer, self.runtime, self.bounds, self.vocab = tokenizer, runtime, bounds, vocab
-        self.tries = TrieCache(vocab)
+        self.tries = TrieCache(vocab, runtime.device)  # the beams' device: steps index it there
 
     def tokenize(self, st: dict[str, Any]) -> dict[str, Any]:
         req: BeamRequest = st["request"]

@@ -41,6 +41,10 @@ class ItemTrie:
     def num_nodes(self) -> int:
         return self.token.shape[0]
 
+    def to(self, device: torch.device | str) -> "ItemTrie":
+        return ItemTrie(self.token.to(device), self.first_child.to(device), self.num_children.to(device),
+                        self.depth)
+
     def continuations(self, nodes: Tensor) -> Continuations:
         """nodes: [B] trie node of each beam -> every allowed (beam, token, child) triple,
         grouped by beam, tokens ascending within a beam."""
@@ -109,15 +113,15 @@ class TrieCache:
     """Tries by the identity of the `allowed` object (the harness shares one object across
     requests), keeping the object alive so that its id stays unique."""
 
-    def __init__(self, vocab: int, max_entries: int = 8):
-        self.vocab, self.max_entries = vocab, max_entries
+    def __init__(self, vocab: int, device: torch.device | str = "cpu", max_entries: int = 8):
+        self.vocab, self.device, self.max_entries = vocab, device, max_entries
         self._tries: dict[int, tuple[object, ItemTrie]] = {}
 
     def get(self, allowed: Sequence[Sequence[int]]) -> ItemTrie:
         hit = self._tries.get(id(allowed))
         if hit is not None and hit[0] is allowed:
             return hit[1]
-        trie = build_trie(allowed, self.vocab)
+        trie = build_trie(allowed, self.vocab).to(self.device)
         if len(self._tries) >= self.max_entries:
             self._tries.pop(next(iter(self._tries)))
         self._tries[id(allowed)] = (allowed, trie)
