@@ -131,4 +131,26 @@ def compile_package(key: CompileKey, module: nn.Module, example_args: tuple, dyn
     os.replace(tmp, path)
     path.with_suffix(".json").write_text(json.dumps(asdict(key), indent=1, sort_keys=True))
     log(f"compiled {key.program} in {time.perf_counter() - t0:.1f} s")
+    prune_superseded(key, log)
     return path
+
+
+# what may change between builds of the same package (the rest of the key names the package)
+_BUILD_FIELDS = ("code", "torch_version", "inductor")
+
+
+def prune_superseded(key: CompileKey, log: Callable[[str], None]) -> None:
+    """Delete cached packages that differ from `key` only in build fields (older sources,
+    torch or Inductor settings): nothing will load them again, and each is ~1 GB."""
+    mine = {k: v for k, v in asdict(key).items() if k not in _BUILD_FIELDS}
+    for meta in key.package_path().parent.glob(f"{key.program}-*.json"):
+        if meta.stem == key.package_path().stem:
+            continue
+        try:
+            other = json.loads(meta.read_text())
+        except (OSError, ValueError):
+            continue
+        if {k: v for k, v in other.items() if k not in _BUILD_FIELDS} == mine:
+            meta.with_suffix(".pt2").unlink(missing_ok=True)
+            meta.unlink(missing_ok=True)
+            log(f"removed superseded package {meta.with_suffix('.pt2').name}")

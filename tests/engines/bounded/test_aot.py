@@ -3,6 +3,8 @@ same key and rebuilt for a changed one, and a failing compiler falls back to eag
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import random
 
 import pytest
@@ -72,6 +74,21 @@ def test_compile_once_then_load_and_recompile_on_key_change(engine_factory, cach
     assert bf16.describe()["compiled_now"] is True
     assert bf16.describe()["package"] != d["package"]
     assert len(list(cache.glob("compiled/*.pt2"))) == 2
+
+
+def test_superseded_packages_are_pruned(tmp_path, monkeypatch):
+    monkeypatch.setenv("BOUNDED_BENCH_CACHE", str(tmp_path))
+    shapes = aot.ShapePolicy(8, 2, 4)
+    old = aot.CompileKey("p", "m", "float32", "float32", "", "cpu", "0.1", shapes, code="old")
+    other_dtype = aot.CompileKey("p", "m", "bfloat16", "float32", "", "cpu", "0.1", shapes, code="old")
+    new = aot.CompileKey("p", "m", "float32", "float32", "", "cpu", "0.2", shapes, code="new")
+    for k in (old, other_dtype, new):
+        k.package_path().parent.mkdir(parents=True, exist_ok=True)
+        k.package_path().write_bytes(b"x")
+        k.package_path().with_suffix(".json").write_text(json.dumps(dataclasses.asdict(k)))
+    aot.prune_superseded(new, log=lambda m: None)
+    assert not old.package_path().exists() and not old.package_path().with_suffix(".json").exists()
+    assert other_dtype.package_path().exists() and new.package_path().exists()
 
 
 def test_compile_failure_falls_back_to_eager(engine_factory, monkeypatch):
