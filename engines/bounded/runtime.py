@@ -67,6 +67,7 @@ class PrefillRuntime:
         loaded = aot.load_or_compile(key, self.program, self._example_args(), self._dynamic_shapes(),
                                      self.log, self.inductor_configs)
         self._graph = loaded.runner
+        self._program = None  # the package holds its own weights; free the eager copy
         self.status.update(compile="aot", package=str(loaded.path), compiled_now=loaded.compiled_now,
                            load_s=round(loaded.seconds, 2), key=key.digest())
         return dict(self.status)
