@@ -8,8 +8,9 @@ freezing: the weights become constants of the package, prepacked for the CPU's G
 (oneDNN), which runs the M = W row GEMMs of a decode step ~20% faster than aten's
 plain-layout matmul here.
 
-A request of width w runs in the smallest compiled bucket W >= w if W <= 2 w (the padding
-rows are wasted work), else in the eager step at its own width.
+A request of width w runs in the smallest compiled bucket W >= w (the padding rows are
+wasted work). Once compiled, the eager model's weights are freed but for the head, which
+the runner applies outside the graphs.
 """
 from __future__ import annotations
 
@@ -46,15 +47,14 @@ class BeamShapes:
 
 
 class CompiledBeamGraphs(BeamGraphs):
-    def __init__(self, prefill: Graph, steps: dict[int, Graph], eager_step: Graph):
-        super().__init__(prefill, eager_step)
-        self.steps = dict(sorted(steps.items()))
+    def __init__(self, prefill: Graph, steps: dict[int, Graph]):
+        self._prefill, self.steps = prefill, dict(sorted(steps.items()))
 
     def step(self, width: int) -> tuple[Graph, int]:
         for bucket, graph in self.steps.items():
-            if width <= bucket <= 2 * width:
+            if width <= bucket:
                 return graph, bucket
-        return self._step, width
+        raise ValueError(f"width {width} exceeds the compiled buckets {list(self.steps)}")
 
 
 def eager_graphs(model: DecoderModel) -> BeamGraphs:
@@ -74,7 +74,7 @@ def compile_graphs(model: DecoderModel, model_dir: Path, policy: PrecisionPolicy
         shapes = BeamShapes(w, max(1, plan.max_rows // w), plan.max_prompt, plan.suffix_slots, max_positions)
         steps[w] = _load(model, BeamDecodeStep(model).eval(), f"beam_step_w{w}", shapes, model_dir, policy,
                          _step_example(cfg, shapes, model.rope.cos.device), _step_dims(shapes), log, status)
-    return CompiledBeamGraphs(prefill, steps, BeamDecodeStep(model).eval()), status
+    return CompiledBeamGraphs(prefill, steps), status
 
 
 def _load(model: DecoderModel, program: nn.Module, name: str, shapes: BeamShapes, model_dir: Path,
@@ -169,6 +169,8 @@ class BeamRuntime:
         model = self.model()
         self.runner = BeamRunner(model.cfg, self.plan, graphs or eager_graphs(model), head_weight(model),
                                  self.banned)
+        if graphs is not None:
+            self._model = None  # the packages hold their own weights; the runner keeps the head's
         self.status["buffers_mib"] = round(self.runner.buffers.nbytes() / 2**20, 1)
         self._warm_up()
 
