@@ -107,9 +107,10 @@ def _print_summary(result) -> None:
         for _, m in er.points:
             p99 = f"{m.p99_ms:.1f}" + ("*" if m.p99_estimate else "")
             t.add_row(er.name, f"{m.load_mode} {m.load_value:g}", f"{m.ok}/{m.requests}", f"{m.mean_ms:.1f}",
-                      f"{m.p50_ms:.1f}", p99, f"{m.qps:.2f}", f"{m.samples_per_s:.1f}", f"{m.mfu:.1%}")
+                      f"{m.p50_ms:.1f}", p99, f"{m.qps:.2f}", f"{m.samples_per_s:.1f}", "-" if m.mfu != m.mfu else f"{m.mfu:.1%}")
     out.print(t)
-    out.print("* P99 on fewer than 459 requests: an estimate", style="dim")
+    if any(m.p99_estimate for er in result.engines for _, m in er.points):
+        out.print("* P99 on fewer than 459 requests: an estimate", style="dim")
     for er in result.engines:
         if er.search:
             out.print(f"{er.name}: max rate under the SLO {er.search.max_rate:.4g} req/s "
