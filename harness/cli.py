@@ -10,6 +10,7 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from harness.scenario import ScenarioError, load_scenario
@@ -22,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _fail(msg: str, code: int = 2) -> None:
-    console.print(f"[red]error:[/red] {msg}", highlight=False)
+    console.print("[red]error:[/red] " + escape(msg), highlight=False)
     raise typer.Exit(code)
 
 
@@ -78,7 +79,7 @@ def run(
         _fail(f"--baseline {baseline!r} is not an engine of this run; engines: {', '.join(names)}")
     ctx = {"run_id": run_id, "scenario_path": str(scenario), "scenario_text": scenario.read_text(),
            "command": sys.argv, "baseline": baseline}
-    log = lambda m: console.print(m, highlight=False)  # noqa: E731
+    log = lambda m: console.print(m, highlight=False, markup=False)  # noqa: E731
     # write after every engine, so an interrupted or crashed run keeps what it measured
     from engines.registry import UnknownEngine
 
@@ -90,7 +91,7 @@ def run(
     paths = write_all(result, folder, ctx)
     _print_summary(result)
     for w in result.warnings:
-        console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
+        console.print("[yellow]warning:[/yellow] " + escape(w), highlight=False)
     console.print("wrote " + ", ".join(str(p) for p in paths), highlight=False)
     console.print(f"report: {folder / 'report.html'}", highlight=False)
     if result.interrupted:
@@ -152,7 +153,7 @@ def infer(
 
     try:
         n, errors = infer_file(engine, model, input, output, dtype=dtype, device=device, options=_kv_options(option),
-                               log=lambda m: console.print(m, highlight=False))
+                               log=lambda m: console.print(m, highlight=False, markup=False))
     except (ValueError, OSError) as e:
         _fail(str(e))
     console.print(f"wrote {n} results to {output}" + (f" ({errors} errors)" if errors else ""))
@@ -216,7 +217,7 @@ def serve(
     try:
         sock = bind(host, port)
         server = build_server(sc, engine, ServeOptions(concurrency, max_queue, max_body_bytes), device=device,
-                              engine_options=_kv_options(option), log=lambda m: console.print(m, highlight=False))
+                              engine_options=_kv_options(option), log=lambda m: console.print(m, highlight=False, markup=False))
     except (UnknownEngine, EngineUnavailable, ValueError, OSError) as e:
         _fail(str(e))
     if host not in ("127.0.0.1", "localhost", "::1"):
@@ -244,7 +245,7 @@ def load(
     folder = out_dir or Path("reports") / (time.strftime("%Y%m%d-%H%M%S") + f"-{sc.name}-locust")
     try:
         spec = LoadSpec(host.rstrip("/"), users, spawn_rate, parse_duration(run_time), workers, pool)
-        row, paths = run_load(sc, scenario, spec, folder, label, sys.argv, log=lambda m: console.print(m, highlight=False))
+        row, paths = run_load(sc, scenario, spec, folder, label, sys.argv, log=lambda m: console.print(m, highlight=False, markup=False))
     except (ValueError, OSError, RuntimeError) as e:
         _fail(str(e))
     out.print(f"{row['ok']}/{row['requests']} ok ({row['rejected']} rejected, {row['errors']} errors, "
@@ -268,7 +269,7 @@ def soak(
     from harness.soak import SoakSpec, run_soak, write_soak
 
     sc = _scenario(scenario)
-    log = lambda m: console.print(m, highlight=False)  # noqa: E731
+    log = lambda m: console.print(m, highlight=False, markup=False)  # noqa: E731
     try:
         spec = SoakSpec(minutes, fraction, window, concurrency)
         result = run_soak(sc, scenario, engine, spec, ["--concurrency", str(concurrency)], log=log)
@@ -299,7 +300,7 @@ def sglang_setup(path: Optional[Path] = typer.Option(None, help="Where to build 
     from engines.sglang.env import SGLangEnvError, setup_env
 
     try:
-        python = setup_env(path, log=lambda m: console.print(m, highlight=False))
+        python = setup_env(path, log=lambda m: console.print(m, highlight=False, markup=False))
     except SGLangEnvError as e:
         _fail(str(e), code=1)
     out.print(f"SGLang environment ready: {python}")
