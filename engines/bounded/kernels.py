@@ -6,6 +6,8 @@ longest sequence of a batch, H heads, D head dim.
 """
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional
 
 import torch
@@ -103,26 +105,69 @@ def varlen_attention_cpu(q: Tensor, k: Tensor, v: Tensor, spans: list[tuple[int,
     repeat); the causal mask is an additive bias, softmax in float32. On CPUs without AMX
     this runs ~2.5x faster than the flash kernel over a padded view, and with no padding.
     `fp32_scores` computes Q K^T from float32 copies (bf16 GEMM output would round the
-    logits). q: [T, Hq, D], k/v: [T, Hkv, D] -> [T, Hq*D].
+    logits). The sequences are shared out to one single-threaded worker per intra-op
+    thread: the per-sequence ops are too small to split well across OpenMP threads, and a
+    spinning OpenMP team stalls badly when another process holds a core.
+    q: [T, Hq, D], k/v: [T, Hkv, D] -> [T, Hq*D].
     """
     t, hq, d = q.shape
-    hkv = k.shape[1]
-    g = hq // hkv
+    out = torch.empty(t, k.shape[1], hq // k.shape[1], d, dtype=q.dtype, device=q.device)
     longest = max(e - s for s, e in spans)
     bias = torch.full((longest, longest), float("-inf"), device=q.device).triu_(1)
-    out = torch.empty(t, hkv, g, d, dtype=q.dtype, device=q.device)
-    for start, end in spans:
-        n = end - start
-        qs = q[start:end].reshape(n, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * n, d)
-        ks = k[start:end].transpose(0, 1)  # [Hkv, n, D]
-        vs = v[start:end].transpose(0, 1)
-        if fp32_scores:
-            qs, ks = qs.float(), ks.float()
-        scores = torch.matmul(qs, ks.transpose(1, 2)).view(hkv, g, n, n)
-        scores = torch.add(bias[:n, :n], scores, alpha=d ** -0.5)  # float32
-        p = torch.softmax(scores, dim=-1).to(v.dtype).view(hkv, g * n, n)
-        out[start:end] = torch.matmul(p, vs).view(hkv, g, n, d).permute(2, 0, 1, 3)
+    groups = _balance(spans, torch.get_num_threads())
+    inference, grad = torch.is_inference_mode_enabled(), torch.is_grad_enabled()
+
+    def run(group: list[tuple[int, int]]) -> None:
+        with torch.inference_mode(inference), torch.set_grad_enabled(grad):  # thread-local modes
+            for start, end in group:
+                out[start:end] = _attend_one(q[start:end], k[start:end], v[start:end], bias, fp32_scores)
+
+    if len(groups) == 1:
+        run(groups[0])
+    else:
+        list(_workers(len(groups)).map(run, groups))
     return out.view(t, hq * d)
+
+
+def _attend_one(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, fp32_scores: bool) -> Tensor:
+    # one sequence: q [n, Hq, D], k/v [n, Hkv, D] -> [n, Hkv, g, D]
+    n, hq, d = q.shape
+    hkv = k.shape[1]
+    g = hq // hkv
+    qs = q.reshape(n, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * n, d)
+    ks, vs = k.transpose(0, 1), v.transpose(0, 1)  # [Hkv, n, D]
+    if fp32_scores:
+        qs, ks = qs.float(), ks.float()
+    scores = torch.matmul(qs, ks.transpose(1, 2)).view(hkv, g, n, n)
+    scores = torch.add(bias[:n, :n], scores, alpha=d ** -0.5)  # float32
+    p = torch.softmax(scores, dim=-1).to(v.dtype).view(hkv, g * n, n)
+    return torch.matmul(p, vs).view(hkv, g, n, d).permute(2, 0, 1, 3)
+
+
+def _balance(spans: list[tuple[int, int]], parts: int) -> list[list[tuple[int, int]]]:
+    """Longest-first assignment of sequences to `parts` groups by attention work (n^2)."""
+    parts = max(1, min(parts, len(spans)))
+    groups: list[list[tuple[int, int]]] = [[] for _ in range(parts)]
+    load = [0] * parts
+    for span in sorted(spans, key=lambda s: s[0] - s[1]):
+        i = load.index(min(load))
+        groups[i].append(span)
+        load[i] += (span[1] - span[0]) ** 2
+    return groups
+
+
+_WORKERS: dict[int, ThreadPoolExecutor] = {}
+_WORKERS_LOCK = threading.Lock()
+
+
+def _workers(n: int) -> ThreadPoolExecutor:
+    """n threads whose torch ops run single-threaded (OpenMP/MKL thread counts are
+    per-thread settings), made once per process."""
+    with _WORKERS_LOCK:
+        if n not in _WORKERS:
+            _WORKERS[n] = ThreadPoolExecutor(n, thread_name_prefix="bounded-attn",
+                                             initializer=torch.set_num_threads, initargs=(1,))
+        return _WORKERS[n]
 
 
 @torch.library.custom_op("bounded::varlen_attention", mutates_args=())
