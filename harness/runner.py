@@ -119,23 +119,40 @@ async def drive(engine, items, load, seed: int, progress, points: list[LoadPoint
 
 
 async def _drive(engine, items, load, seed: int, progress, points: list[LoadPoint]) -> None:
+    # Each load point gets requests no earlier point sent (a server's prefix cache must not
+    # turn a repeat into a free answer); every engine sees the same points, so the same requests.
+    offset = 0
     if isinstance(load, ClosedLoad):
-        items.prefetch(load.warmup_requests + load.requests)
         for c in load.concurrency:
+            n = load.warmup_requests + load.requests
+            view = Shifted(items, offset, n)
             gc.collect()
-            with progress(f"concurrency {c}", load.warmup_requests + load.requests) as tick:
-                await run_closed(engine, items, c, load.requests, load.warmup_requests, load.timeout_s,
+            with progress(f"concurrency {c}", n) as tick:
+                await run_closed(engine, view, c, load.requests, load.warmup_requests, load.timeout_s,
                                  tick, points)
+            offset += n
             _stop_if_died(points[-1])
     else:
         for rate in load.rate:
             sched = poisson_schedule(rate, seed, duration_s=load.duration_s, requests=load.requests,
                                      warmup_s=load.warmup_s)
-            items.prefetch(len(sched))
+            view = Shifted(items, offset, len(sched))
             gc.collect()
             with progress(f"rate {rate:g}/s", len(sched)) as tick:
-                await run_poisson(engine, items, rate, sched, load.warmup_s, load.timeout_s, tick, points)
+                await run_poisson(engine, view, rate, sched, load.warmup_s, load.timeout_s, tick, points)
+            offset += len(sched)
             _stop_if_died(points[-1])
+
+
+class Shifted:
+    """Requests offset..offset+n-1 of a workload, indexed from 0 (made up front)."""
+
+    def __init__(self, items, offset: int, n: int):
+        items.prefetch(offset + n)
+        self.items, self.offset = items, offset
+
+    def __getitem__(self, i: int):
+        return self.items[self.offset + i]
 
 
 def _stop_if_died(point: LoadPoint) -> None:

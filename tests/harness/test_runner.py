@@ -23,3 +23,21 @@ def test_command_line_overrides_win():
     poisson = load_scenario(SCENARIOS / "noop_ceiling.yaml")
     load = effective_load(poisson, Overrides(duration_s=2.5, rate=[10.0]), "cpu", lambda m: None)
     assert (load.duration_s, load.rate) == (2.5, [10.0])
+
+
+def test_load_points_never_repeat_a_request(tokenizer):
+    import asyncio
+
+    from engines.base import EngineConfig
+    from engines.noop import NoopEngine
+    from harness.loadgen import no_progress
+    from harness.runner import drive
+    from harness.workload import build_workload
+
+    sc = load_scenario(SCENARIOS / "smoke_prefill.yaml")  # closed loop, concurrency [1, 2]
+    load = effective_load(sc, Overrides(requests=5), "cpu", lambda m: None)
+    points = []
+    asyncio.run(drive(NoopEngine(EngineConfig(".")), build_workload(sc, tokenizer), load, 0, no_progress, points))
+    ids = [[r.item.request.id for r in p.records] for p in points]
+    assert len(ids) == 2 and all(len(x) == 7 for x in ids)  # 2 warm-up + 5 each
+    assert not set(ids[0]) & set(ids[1])
