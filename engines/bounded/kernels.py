@@ -177,10 +177,21 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor) -> Ten
     An opaque op for torch.export/Inductor (the graph around it is compiled; this runs the
     device's fastest eager kernels). q: [T, Hq, D], k/v: [T, Hkv, D] -> [T, Hq*D]."""
     offsets = cu_seqlens.tolist()
-    spans = list(zip(offsets[:-1], offsets[1:]))
     if q.device.type == "cpu":
-        return varlen_attention_cpu(q, k, v, spans)
-    return packed_attention_loop(q, k, v, spans)
+        return varlen_attention_cpu(q, k, v, list(zip(offsets[:-1], offsets[1:])))
+    return varlen_attention_padded(q, k, v, cu_seqlens)
+
+
+def varlen_attention_padded(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor) -> Tensor:
+    """The GPU path: one flash SDPA over the padded view (a per-sequence loop would launch
+    layers x sequences small kernels). cu_seqlens: [S+1] host offsets."""
+    lengths = cu_seqlens[1:] - cu_seqlens[:-1]  # [S]
+    longest = int(lengths.max())
+    cols = torch.arange(longest)[None, :]
+    pad_index = cu_seqlens[:-1, None] + torch.minimum(cols, lengths[:, None] - 1)  # [S, L]
+    seq = torch.repeat_interleave(torch.arange(len(lengths)), lengths)  # [T]
+    unpad_index = seq * longest + torch.arange(int(cu_seqlens[-1])) - cu_seqlens[:-1][seq]
+    return packed_attention_padded(q, k, v, pad_index.to(q.device), unpad_index.to(q.device))
 
 
 @varlen_attention.register_fake

@@ -56,8 +56,10 @@ def test_packed_attention_kernels_agree():
     padded = kernels.packed_attention_padded(q, k, v, b.pad_index, b.unpad_index)
     loop = kernels.packed_attention_loop(q, k, v, list(b.spans))
     varlen = kernels.varlen_attention(q, k, v, b.cu_seqlens)
+    gpu_path = kernels.varlen_attention_padded(q, k, v, b.cu_seqlens)  # run here on CPU tensors
     assert torch.allclose(padded, loop, atol=1e-5)
     assert torch.allclose(varlen, loop, atol=1e-5)
+    assert torch.allclose(gpu_path, loop, atol=1e-5)
     # each sequence alone: attention never crosses a sequence boundary
     s, e = b.spans[2]
     alone = kernels.packed_attention_loop(q[s:e], k[s:e], v[s:e], [(0, e - s)])
