@@ -289,6 +289,24 @@ def soak(
         raise typer.Exit(1)
 
 
+@app.command()
+def compile(
+    scenario: Path = typer.Argument(..., help="Scenario YAML file."),
+    device: Optional[str] = typer.Option(None, help="cpu | cuda (default: the scenario's)."),
+) -> None:
+    """Compile the bounded engine's graphs for SCENARIO ahead of time (cached on disk)."""
+    from engines.bounded.engine import BoundedEngine
+    from harness.presets import resolve_model
+    from harness.runner import engine_config
+    from harness.scenario import EngineSpec
+
+    sc = _scenario(scenario)
+    spec = next((e for e in sc.engines if e.name == "bounded"), EngineSpec(name="bounded"))
+    model_dir = resolve_model(sc.model, lambda m: console.print(m, highlight=False, markup=False))
+    status = BoundedEngine(engine_config(sc, spec, model_dir, device or sc.device)).compile()
+    out.print_json(data=status, default=str)
+
+
 sglang_app = typer.Typer(help="Manage the SGLang environment (kept apart from this project's own).",
                          no_args_is_help=True)
 app.add_typer(sglang_app, name="sglang")

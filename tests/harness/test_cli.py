@@ -65,3 +65,13 @@ def test_infer_prefill_and_beam(tmp_path):
     assert len(beams) == 3 and all(len(b["token_ids"]) == 2 for b in beams)
     assert beams[0]["logprob"] >= beams[1]["logprob"] >= beams[2]["logprob"]
     assert "one token" in lines[2]["error"]
+
+
+def test_compile_ahead_of_time_then_from_cache():
+    runner = CliRunner()
+    first = runner.invoke(app, ["compile", str(SCENARIOS / "smoke_prefill.yaml")])
+    assert first.exit_code == 0, first.output
+    second = runner.invoke(app, ["compile", str(SCENARIOS / "smoke_prefill.yaml")])
+    assert second.exit_code == 0, second.output
+    status = json.loads(second.stdout[second.stdout.index("{"):])
+    assert status["compile"] == "aot" and status["compiled_now"] is False
