@@ -18,6 +18,8 @@ import random
 import time
 from pathlib import Path
 
+import torch
+
 from engines.base import BeamRequest, Bounds, EngineConfig
 from engines.bounded.engine import BoundedEngine
 from harness.flops import ModelShape, beam_flops
@@ -66,14 +68,16 @@ def main() -> None:
             await round_(-1 - i)
         rss0, times, stages = rss_mb(), [], {}
         for i in range(args.requests):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             results = await round_(i)
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
             stages = results[0].stages
             if args.memory:
                 print(f"round {i}: {times[-1]:.3f} s, rss {rss_mb():.0f} MiB ({rss_mb() - rss0:+.0f})", flush=True)
         return times, stages
 
+    cpu: list[float] = []  # CPU seconds of all the process's threads per round
     times, stages = asyncio.run(run())
     engine.stop()
     flops = args.concurrent * beam_flops(ModelShape.from_dir(model_dir), args.prompt, args.width, args.steps)
@@ -83,6 +87,11 @@ def main() -> None:
           f"{args.concurrent / mean:.2f} requests/s, effective {flops / 1e9:.0f} GFLOP per round, "
           f"MFU {flops / mean / (args.peak_gflops * 1e9):.1%} (best round {flops / min(times) / (args.peak_gflops * 1e9):.1%}) "
           f"of {args.peak_gflops:.0f} GFLOP/s")
+    cores = torch.get_num_threads()
+    cpu_mean = sum(cpu) / len(cpu)
+    print(f"CPU time {cpu_mean:.3f} s per round over {cores} threads: as if alone, "
+          f"{cpu_mean / cores:.3f} s per round, MFU {flops / (cpu_mean / cores) / (args.peak_gflops * 1e9):.1%} "
+          "(other processes on the cores stretch wall time, much less the CPU time)")
     print("last round's stages (ms):", {k: round(v, 1) for k, v in stages.items()})
     print(f"rss {rss_mb():.0f} MiB")
 
