@@ -125,7 +125,9 @@ def varlen_attention_cpu(q: Tensor, k: Tensor, v: Tensor, spans: list[tuple[int,
     if len(groups) == 1:
         run(groups[0])
     else:
+        threads = torch.get_num_threads()
         list(_workers(len(groups)).map(run, groups))
+        torch.set_num_threads(threads)  # see _single_threaded
     return out.view(t, hq * d)
 
 
@@ -160,13 +162,22 @@ _WORKERS: dict[int, ThreadPoolExecutor] = {}
 _WORKERS_LOCK = threading.Lock()
 
 
+def _single_threaded() -> None:
+    # OpenMP/MKL thread counts are per-thread settings, but torch.set_num_threads also stores
+    # the process-wide count that any thread reads on its first parallel op: every thread
+    # started after it (the engine's model thread, another engine's) ran single-threaded.
+    # So: this worker is made single-threaded for good here (get_num_threads initialises
+    # it), and the caller restores the process-wide count after handing work out.
+    torch.set_num_threads(1)
+    torch.get_num_threads()
+
+
 def _workers(n: int) -> ThreadPoolExecutor:
-    """n threads whose torch ops run single-threaded (OpenMP/MKL thread counts are
-    per-thread settings), made once per process."""
+    """n threads whose torch ops run single-threaded, made once per process."""
     with _WORKERS_LOCK:
         if n not in _WORKERS:
             _WORKERS[n] = ThreadPoolExecutor(n, thread_name_prefix="bounded-attn",
-                                             initializer=torch.set_num_threads, initargs=(1,))
+                                             initializer=_single_threaded)
         return _WORKERS[n]
 
 
