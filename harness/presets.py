@@ -78,15 +78,25 @@ def materialise(name: str, log: Callable[[str], None] = print) -> Path:
     if (out / "model.safetensors").exists():
         return out
     log(f"materialising preset {name} (seeded random weights) into {out} ...")
+    params = write_model(PRESETS[name], out)
+    log(f"preset {name} ready ({params / 1e6:.1f}M parameters)")
+    return out
+
+
+def write_model(config: dict[str, Any], out: Path, seed: int = SEED) -> int:
+    """Write a Hugging Face model directory for `config` (a PRESETS-style dict) with weights
+    drawn from `seed` and stored in bf16, plus the real Qwen3 tokenizer; -> parameter count.
+    The directory appears whole or not at all."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
-    cfg = dict(PRESETS[name])
-    config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
-    torch.manual_seed(SEED)
+    cfg = dict(config)
+    hf_config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    torch.manual_seed(seed)
     with torch.device("cpu"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
     model = model.to(torch.bfloat16)
+    out = Path(out)
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
@@ -95,8 +105,7 @@ def materialise(name: str, log: Callable[[str], None] = print) -> Path:
         shutil.copy(f, tmp / f.name)
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
-    log(f"preset {name} ready ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters)")
-    return out
+    return sum(p.numel() for p in model.parameters())
 
 
 def resolve_model(spec: str, log: Callable[[str], None] = print) -> str:

@@ -46,35 +46,56 @@ def compare(model_dir, requests, results, dtype=torch.float32):
     return torch.cat(errs), torch.cat(agree).float()
 
 
-@pytest.fixture(scope="module")
-def f32_engines():
-    engines = {}
-    yield engines
-    for e in engines.values():
-        e.stop()
+def thousand_samples(seed: int) -> list[PrefillRequest]:
+    """Requests of 1-16 samples of 1-500 tokens, 1,000 samples or a few more in all."""
+    rng, requests = random.Random(seed), []
+    while sum(len(r.samples) for r in requests) < 1000:
+        requests += random_requests(rng, 1)
+    return [PrefillRequest(f"r{i}", r.samples, r.labels) for i, r in enumerate(requests)]
 
 
-def test_float32_concurrent_requests_match_transformers(preset_dir, f32_engines):
-    if preset_dir not in f32_engines:  # a long wait, so the concurrent requests surely merge
-        f32_engines[preset_dir] = start(preset_dir, max_wait_ms=1000)
-    engine = f32_engines[preset_dir]
-    rng = random.Random(1)
-    requests = random_requests(rng, 6)
-    before = dict(engine.stats)
-    results = asyncio.run(gather(engine, requests))
+def submit_in_waves(engine, requests, wave=8):
+    """`wave` requests at a time, concurrently, so the batcher merges them."""
+    results = []
+    for i in range(0, len(requests), wave):
+        results += asyncio.run(gather(engine, requests[i:i + wave]))
+    return results
+
+
+def test_float32_matches_transformers_on_1000_samples(preset_dir):
+    engine = start(preset_dir, max_wait_ms=1000)  # a long wait, so each wave surely merges
+    try:
+        requests = thousand_samples(1)
+        results = submit_in_waves(engine, requests)
+        stats = dict(engine.stats)
+    finally:
+        engine.stop()
     errs, agree = compare(preset_dir, requests, results)
+    assert len(errs) >= 1000
     assert errs.max().item() < 1e-4
     assert agree.mean().item() >= 0.99
-    batches = engine.stats["batches"] - before["batches"]
-    assert batches < len(requests), "concurrent requests were not batched together"
-    assert engine.stats["largest_batch"] > 1
+    assert stats["batches"] < len(requests), "concurrent requests were not batched together"
+    assert stats["largest_batch"] > 1
+
+
+def test_bfloat16_matches_float32_transformers_within_2e2(calm_dir):
+    engine = start(calm_dir, "bfloat16", max_wait_ms=50)
+    try:
+        requests = thousand_samples(2)
+        results = submit_in_waves(engine, requests)
+    finally:
+        engine.stop()
+    errs, agree = compare(calm_dir, requests, results)
+    assert len(errs) >= 1000
+    assert errs.max().item() < 2e-2
+    assert agree.mean().item() >= 0.99
 
 
 def test_bfloat16_no_worse_than_transformers_bf16(preset_dir):
-    """bf16 rounding alone moves these toy models' label probabilities by up to ~0.09 (mean
-    ~0.02 on tiny-qwen2) and flips ~1-2% of top labels in transformers' own bf16, so a fixed
-    2e-2 bound per sample cannot hold; we require our bf16 to be as close to the float32
-    reference as transformers' bf16 is."""
+    """On the presets' large weights bf16 rounding alone moves label probabilities by up to
+    ~0.5 (tiny-qwen2) in transformers' own bf16, so no fixed bound holds there (see
+    calm_dir); we require our bf16 to be as close to the float32 reference as transformers'
+    bf16 is."""
     engine = start(preset_dir, "bfloat16", max_wait_ms=50)
     try:
         rng = random.Random(2)
