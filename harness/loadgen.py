@@ -97,18 +97,19 @@ async def run_closed(engine: Engine, items: Items, concurrency: int, requests: i
                      timeout_s: float, tick: Tick = lambda n=1: None,
                      out: list[LoadPoint] | None = None) -> LoadPoint:
     """`concurrency` clients, each sending its next request when the last returns. The
-    first `warmup` requests are marked warm-up (excluded from metrics). The point is
-    appended to `out` as soon as it exists, so an interrupted run keeps it."""
+    first `warmup` requests are a phase of their own (same clients, excluded from metrics)
+    that ends before the measured phase starts, so none of their work falls inside the
+    measured window. The point is appended to `out` as soon as it exists, so an
+    interrupted run keeps it."""
     point = LoadPoint("closed", concurrency)
     if out is not None:
         out.append(point)
-    total = warmup + requests
-    next_index = 0
     t0 = time.perf_counter()
+    next_index = 0
 
-    async def client() -> None:
+    async def client(end: int) -> None:
         nonlocal next_index
-        while next_index < total and not point.interrupted:
+        while next_index < end and not point.interrupted:
             i = next_index
             next_index += 1
             rec = RequestRecord(i, items[i], i < warmup, time.perf_counter() - t0)
@@ -116,7 +117,9 @@ async def run_closed(engine: Engine, items: Items, concurrency: int, requests: i
             await _fire(engine, rec, t0, timeout_s, point)
             tick()
 
-    await _gather_keeping(point, [client() for _ in range(concurrency)])
+    for end in (warmup, warmup + requests):
+        if next_index < end and not point.interrupted:
+            await _gather_keeping(point, [client(end) for _ in range(concurrency)])
     return point
 
 

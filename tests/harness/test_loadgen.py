@@ -51,6 +51,10 @@ def test_closed_loop_keeps_concurrency_and_marks_warmup():
     assert len(point.records) == 20
     assert sum(r.warmup for r in point.records) == 5
     assert sorted(r.index for r in point.records) == list(range(20))
+    warm = [r for r in point.records if r.warmup]
+    measured = [r for r in point.records if not r.warmup]
+    # warm-up work never falls inside the measured window
+    assert max(r.done for r in warm) <= min(r.scheduled for r in measured)
 
 
 def test_errors_and_timeouts_are_records_not_exceptions():
