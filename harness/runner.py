@@ -16,7 +16,7 @@ from harness.loadgen import no_progress, LoadPoint, poisson_schedule, run_closed
 from harness.metrics import P99_MIN_REQUESTS, PointMetrics, summarise, warnings_for
 from harness.presets import resolve_model
 from harness.scenario import BeamTask, ClosedLoad, EngineSpec, PoissonLoad, Scenario, Slo
-from harness.workload import build_workload, load_tokenizer
+from harness.workload import Shifted, build_workload, load_tokenizer
 
 
 @dataclass
@@ -108,17 +108,18 @@ def engine_config(scenario: Scenario, spec: EngineSpec, model_dir: str, device: 
     return EngineConfig(Path(model_dir), scenario.dtype, device, bounds, task.kind, spec.options)
 
 
-async def drive(engine, items, load, seed: int, progress, points: list[LoadPoint]) -> None:
+async def drive(engine, items, load, seed: int, progress, points: list[LoadPoint]) -> int:
     """Run every load point; each point lands in `points` as soon as it starts. The garbage
-    collector is paused during a point: its full collections stall the sender for 100+ ms."""
+    collector is paused during a point: its full collections stall the sender for 100+ ms.
+    -> how many requests of `items` the points used (later probes start there)."""
     gc.disable()
     try:
-        await _drive(engine, items, load, seed, progress, points)
+        return await _drive(engine, items, load, seed, progress, points)
     finally:
         gc.enable()
 
 
-async def _drive(engine, items, load, seed: int, progress, points: list[LoadPoint]) -> None:
+async def _drive(engine, items, load, seed: int, progress, points: list[LoadPoint]) -> int:
     # Each load point gets requests no earlier point sent (a server's prefix cache must not
     # turn a repeat into a free answer); every engine sees the same points, so the same requests.
     offset = 0
@@ -142,17 +143,7 @@ async def _drive(engine, items, load, seed: int, progress, points: list[LoadPoin
                 await run_poisson(engine, view, rate, sched, load.warmup_s, load.timeout_s, tick, points)
             offset += len(sched)
             _stop_if_died(points[-1])
-
-
-class Shifted:
-    """Requests offset..offset+n-1 of a workload, indexed from 0 (made up front)."""
-
-    def __init__(self, items, offset: int, n: int):
-        items.prefetch(offset + n)
-        self.items, self.offset = items, offset
-
-    def __getitem__(self, i: int):
-        return self.items[self.offset + i]
+    return offset
 
 
 def _stop_if_died(point: LoadPoint) -> None:
@@ -181,13 +172,13 @@ def run_engine(er: EngineRun, spec: EngineSpec, cfg: EngineConfig, items, load, 
     log(f"[{spec.name}] started in {er.start_s:.1f} s")
     points: list[LoadPoint] = []
     try:
-        asyncio.run(drive(engine, items, load, seed, progress, points))
+        used = asyncio.run(drive(engine, items, load, seed, progress, points))
         if slo is not None:
             from harness.slo import run_search
 
             sweep = [summarise(p, shape, peak) for p in points]
             er.search = run_search(engine, items, slo, load, seed, sweep, shape, peak if engine.computes
-                                   else float("nan"), progress, lambda m: log(f"[{spec.name}] {m}"))
+                                   else float("nan"), progress, lambda m: log(f"[{spec.name}] {m}"), first=used)
     except Exception as e:  # an engine that breaks ends its own part of the run, not the run
         er.failed = f"{type(e).__name__}: {e}"
         log(f"[{spec.name}] failed: {er.failed}")

@@ -19,6 +19,7 @@ from harness.flops import ModelShape
 from harness.loadgen import LoadPoint, no_progress, poisson_schedule, run_poisson
 from harness.metrics import ACHIEVED_RATE_MIN, PointMetrics, summarise, warnings_for
 from harness.scenario import ClosedLoad, PoissonLoad, Slo
+from harness.workload import Shifted
 
 MAX_PROBES = 8
 REL_TOL = 0.02  # stop bisecting once the bracket is this narrow relative to its lower end
@@ -153,8 +154,8 @@ def start_rate(sweep: Sequence[PointMetrics], default: float = DEFAULT_START_RAT
 
 
 async def drive_probe(engine, items, load: ProbeLoad, rate: float, progress=None) -> LoadPoint:
-    """One Poisson point at `rate`, the garbage collector paused (its full collections stall
-    the sender, see runner.drive)."""
+    """One Poisson point at `rate` over requests 0.. of `items`, the garbage collector paused
+    (its full collections stall the sender, see runner.drive)."""
     sched, warmup_s = load.schedule(rate)
     if hasattr(items, "prefetch"):
         items.prefetch(len(sched))
@@ -169,19 +170,22 @@ async def drive_probe(engine, items, load: ProbeLoad, rate: float, progress=None
 
 async def find_max_qps(engine, items, slo: Slo, load: ProbeLoad, *, start: float, shape: ModelShape | None = None,
                        peak_tflops: float = float("nan"), max_probes: int = MAX_PROBES, progress=None,
-                       log: Callable[[str], None] = lambda m: None) -> SearchResult:
+                       log: Callable[[str], None] = lambda m: None, first: int = 0) -> SearchResult:
     """Search the highest Poisson rate at which `engine` meets `slo` (see module docstring).
     A probe where the client could not send at the rate counts as missed (the harness's
     ceiling); the search stops early once two probes had even their fastest request over
-    the SLO (two, so that one stall of the machine does not end it)."""
+    the SLO (two, so that one stall of the machine does not end it). Each probe sends
+    requests no earlier probe sent, from request `first` of `items` on."""
     if slo.mean_ms is None and slo.p99_ms is None:
         raise ValueError("the SLO search needs an slo with mean_ms and/or p99_ms in the scenario")
     result = SearchResult(slo)
-    strikes = 0
+    strikes, offset = 0, first
 
     async def probe(rate: float) -> bool | None:
-        nonlocal strikes
-        point = await drive_probe(engine, items, load, rate, progress)
+        nonlocal strikes, offset
+        n = len(load.schedule(rate)[0])
+        view, offset = Shifted(items, offset, n), offset + n
+        point = await drive_probe(engine, view, load, rate, progress)
         m = summarise(point, shape or UNIT_SHAPE, peak_tflops)
         ok, why = verdict(m, slo)
         if not ok and unreachable(point, slo):
@@ -203,11 +207,11 @@ async def find_max_qps(engine, items, slo: Slo, load: ProbeLoad, *, start: float
 
 
 def run_search(engine, items, slo: Slo, load: ClosedLoad | PoissonLoad, seed: int, sweep: Sequence[PointMetrics],
-               shape: ModelShape, peak_tflops: float, progress=None, log=print) -> SearchResult:
+               shape: ModelShape, peak_tflops: float, progress=None, log=print, first: int = 0) -> SearchResult:
     """Synchronous entry for the runner: probes sized like the scenario's load points,
     starting from the sweep's highest throughput."""
     start = start_rate(sweep)
     log(f"searching the max rate under the SLO, from {start:.4g} req/s (at most {MAX_PROBES} probes) ...")
     return asyncio.run(find_max_qps(engine, items, slo, probe_load(load, seed), start=start, shape=shape,
-                                    peak_tflops=peak_tflops, progress=progress, log=log))
+                                    peak_tflops=peak_tflops, progress=progress, log=log, first=first))
 

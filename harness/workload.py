@@ -154,6 +154,20 @@ class DatasetWorkload:
         return self.items[i % len(self.items)]
 
 
+class Shifted:
+    """Requests offset..offset+n-1 of a workload, indexed from 0 (made up front): each load
+    point and SLO probe gets requests no earlier one sent, so a server's prefix cache cannot
+    turn a repeat into a free answer."""
+
+    def __init__(self, items, offset: int, n: int):
+        if hasattr(items, "prefetch"):
+            items.prefetch(offset + n)
+        self.items, self.offset = items, offset
+
+    def __getitem__(self, i: int):
+        return self.items[self.offset + i]
+
+
 def build_workload(scenario: Scenario, tokenizer: Any, base_dir: Path | None = None):
     """An indexable, deterministic source of WorkItems for `scenario`."""
     wl = scenario.workload

@@ -110,7 +110,8 @@ def test_finds_the_max_rate_of_a_fifo_server_within_ten_percent():
         # add a little): the rate of a saturated closed loop
         cal = await run_closed(engine, _items(35), concurrency=3, requests=30, warmup=5, timeout_s=5)
         effective = 1 / summarise(cal, UNIT_SHAPE, float("nan")).qps
-        return effective, await find_max_qps(engine, _items(n), slo, ProbeLoad(seed, requests=n), start=1 / effective)
+        return effective, await find_max_qps(engine, _items(n * (MAX_PROBES + 2)), slo, ProbeLoad(seed, requests=n),
+                                             start=1 / effective, first=n)
 
     effective, result = asyncio.run(calibrate_then_search())
     assert service <= effective < 1.3 * service, f"the machine is too busy: service {effective * 1e3:.1f} ms"
@@ -120,3 +121,6 @@ def test_finds_the_max_rate_of_a_fifo_server_within_ten_percent():
     assert result.best.rate == result.max_rate and result.best.meets
     assert result.lowest_failed > result.max_rate
     assert all(p.meets == (p.rate <= result.max_rate) for p in result.probes)
+    # every probe sent requests no earlier probe (nor the first n, the sweep's) sent
+    sent = [int(r.item.request.id[1:]) for p in result.probes for r in p.point.records]
+    assert len(set(sent)) == len(sent) and min(sent) >= n
