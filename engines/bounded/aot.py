@@ -126,8 +126,10 @@ def compile_package(key: CompileKey, module: nn.Module, example_args: tuple, dyn
         exported = torch.export.export(module, example_args, dynamic_shapes=dynamic_shapes)
     log(f"exported in {time.perf_counter() - t0:.1f} s; compiling ...")
     tmp = path.with_name(f"{path.stem}.tmp{os.getpid()}.pt2")
+    # a copy: Inductor adds its own entries to the dict it is given, and callers keep theirs
+    # in the cache key of the next package they compile
     torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp),
-                                             inductor_configs=inductor_configs or {})
+                                             inductor_configs=dict(inductor_configs or {}))
     os.replace(tmp, path)
     path.with_suffix(".json").write_text(json.dumps(asdict(key), indent=1, sort_keys=True))
     log(f"compiled {key.program} in {time.perf_counter() - t0:.1f} s")

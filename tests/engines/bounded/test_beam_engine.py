@@ -92,6 +92,12 @@ def test_aot_graphs_agree_with_eager(tiny_dir, engine, tmp_path, monkeypatch):
             assert_same_beams(output(got), output(want))
     finally:
         aot.stop()
+    again = start(tiny_dir, bounds=bounds, compile="aot")  # a second start only loads both
+    try:
+        packages = again.describe()["beam"]["status"]["packages"]
+        assert {n: p["compiled_now"] for n, p in packages.items()} == {"beam_prefill": False, "beam_step_w16": False}
+    finally:
+        again.stop()
 
 
 def test_compile_failure_falls_back_to_eager(tiny_dir, monkeypatch):
