@@ -50,7 +50,7 @@ class ShapePolicy:
 
 # Modules of this package that only serve requests; every other module may shape a graph,
 # so its source is part of the cache key (an edited kernel must not load a stale package).
-_SERVING_ONLY = {"engine.py", "batcher.py", "dag.py", "scoring.py", "options.py", "aot.py",
+_SERVING_ONLY = {"engine.py", "batcher.py", "dag.py", "scoring.py", "options.py",
                  "beam_search.py", "beam_runtime.py", "constraints.py"}
 
 
@@ -122,14 +122,16 @@ def compile_package(key: CompileKey, module: nn.Module, example_args: tuple, dyn
     log(f"compiling {key.program} with AOTInductor for {key.device}/{key.dtype} "
         f"(once per model, dtype and shape policy; cached at {path}) ...")
     t0 = time.perf_counter()
+    tmp = path.with_name(f"{path.stem}.tmp{os.getpid()}.pt2")
+    # no_grad for the compile too: under grad mode Inductor's freezing leaves every linear an
+    # aten mm on the plain weight; without it, the weights are prepacked for oneDNN.
     with torch.inference_mode(False), torch.no_grad():
         exported = torch.export.export(module, example_args, dynamic_shapes=dynamic_shapes)
-    log(f"exported in {time.perf_counter() - t0:.1f} s; compiling ...")
-    tmp = path.with_name(f"{path.stem}.tmp{os.getpid()}.pt2")
-    # a copy: Inductor adds its own entries to the dict it is given, and callers keep theirs
-    # in the cache key of the next package they compile
-    torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp),
-                                             inductor_configs=dict(inductor_configs or {}))
+        log(f"exported in {time.perf_counter() - t0:.1f} s; compiling ...")
+        # a copy: Inductor adds its own entries to the dict it is given, and callers keep
+        # theirs in the cache key of the next package they compile
+        torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp),
+                                                 inductor_configs=dict(inductor_configs or {}))
     os.replace(tmp, path)
     path.with_suffix(".json").write_text(json.dumps(asdict(key), indent=1, sort_keys=True))
     log(f"compiled {key.program} in {time.perf_counter() - t0:.1f} s")

@@ -74,6 +74,18 @@ def test_compile_once_then_load_and_recompile_on_key_change(engine_factory, cach
     assert bf16.describe()["compiled_now"] is True
     assert bf16.describe()["package"] != d["package"]
     assert len(list(cache.glob("compiled/*.pt2"))) == 2
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():  # the layers' GEMMs use prepacked oneDNN weights
+        assert "aoti_torch_cpu__linear_pointwise" in _extern_calls(bf16.describe()["package"])
+
+
+def _extern_calls(package: str) -> set[str]:
+    """The aten/oneDNN functions an AOTInductor package's generated wrapper calls."""
+    import re
+    import zipfile
+
+    with zipfile.ZipFile(package) as z:
+        src = "".join(z.read(n).decode() for n in z.namelist() if n.endswith("wrapper.cpp"))
+    return set(re.findall(r"aoti_torch_cpu_\w+", src))
 
 
 def test_superseded_packages_are_pruned(tmp_path, monkeypatch):
