@@ -153,12 +153,11 @@ def start_rate(sweep: Sequence[PointMetrics], default: float = DEFAULT_START_RAT
     return max(rates) if rates else default
 
 
-async def drive_probe(engine, items, load: ProbeLoad, rate: float, progress=None) -> LoadPoint:
-    """One Poisson point at `rate` over requests 0.. of `items`, the garbage collector paused
-    (its full collections stall the sender, see runner.drive)."""
+async def drive_probe(engine, items, load: ProbeLoad, rate: float, progress=None, first: int = 0) -> LoadPoint:
+    """One Poisson point at `rate` over requests first.. of `items`, the garbage collector
+    paused (its full collections stall the sender, see runner.drive)."""
     sched, warmup_s = load.schedule(rate)
-    if hasattr(items, "prefetch"):
-        items.prefetch(len(sched))
+    items = Shifted(items, first, len(sched))
     gc.collect()
     gc.disable()
     try:
@@ -183,9 +182,8 @@ async def find_max_qps(engine, items, slo: Slo, load: ProbeLoad, *, start: float
 
     async def probe(rate: float) -> bool | None:
         nonlocal strikes, offset
-        n = len(load.schedule(rate)[0])
-        view, offset = Shifted(items, offset, n), offset + n
-        point = await drive_probe(engine, view, load, rate, progress)
+        point = await drive_probe(engine, items, load, rate, progress, first=offset)
+        offset += len(point.records)  # a record per request sent
         m = summarise(point, shape or UNIT_SHAPE, peak_tflops)
         ok, why = verdict(m, slo)
         if not ok and unreachable(point, slo):
