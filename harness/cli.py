@@ -211,7 +211,7 @@ def serve(
     """Serve one engine over HTTP with SGLang's routes: /v1/score, /generate, /health, /metrics."""
     from engines.base import EngineUnavailable
     from engines.registry import UnknownEngine
-    from harness.server import ServeOptions, bind, build_server, run as run_server
+    from harness.serve.server import ServeOptions, bind, build_server, run as run_server
 
     sc = _scenario(scenario)
     try:
@@ -239,7 +239,7 @@ def load(
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Run folder (default reports/<run-id>/)."),
 ) -> None:
     """Load-test a server with Locust (headless); write results.csv and run.json."""
-    from harness.load import LoadSpec, parse_duration, run_load
+    from harness.serve.load import LoadSpec, parse_duration, run_load
 
     sc = _scenario(scenario)
     folder = out_dir or Path("reports") / (time.strftime("%Y%m%d-%H%M%S") + f"-{sc.name}-locust")
@@ -266,7 +266,7 @@ def soak(
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Run folder (default reports/<run-id>/)."),
 ) -> None:
     """Serve an engine, find its capacity, run at a fraction of it; report errors and memory growth."""
-    from harness.soak import SoakSpec, run_soak, write_soak
+    from harness.serve.soak import SoakSpec, run_soak, write_soak
 
     sc = _scenario(scenario)
     log = lambda m: console.print(m, highlight=False, markup=False)  # noqa: E731

@@ -10,9 +10,9 @@ from typer.testing import CliRunner
 
 from harness.cli import app
 from harness.scenario import load_scenario
-from harness.soak import SoakResult, SoakSpec, Window, run_soak, write_soak
+from harness.serve.soak import SoakResult, SoakSpec, Window, run_soak, write_soak
 
-SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
+SCENARIOS = Path(__file__).resolve().parents[3] / "scenarios"
 
 
 def test_short_soak_has_no_errors_and_reports_memory(tmp_path, tiny_dir):

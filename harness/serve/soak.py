@@ -20,6 +20,7 @@ from typing import Callable
 
 from harness.loadgen import poisson_schedule, run_closed, run_poisson
 from harness.metrics import summarise
+from harness.workload import Shifted
 
 Log = Callable[[str], None]
 MAX_MINUTES = 24 * 60
@@ -80,16 +81,6 @@ class SoakResult:
         return self.windows[-1].rss_mb / self.windows[0].rss_mb - 1
 
 
-class _From:
-    """Items i, i+1, ... of a workload seen as 0, 1, ...: each window gets fresh requests."""
-
-    def __init__(self, items, start: int):
-        self.items, self.start = items, start
-
-    def __getitem__(self, i: int):
-        return self.items[self.start + i]
-
-
 def rss_mb(pid: int) -> float:
     import psutil
 
@@ -102,7 +93,7 @@ async def measure_capacity(client, items, spec: SoakSpec, shape) -> tuple[float,
     probe = await run_closed(client, items, c, 2 * c, c, spec.timeout_s)
     first = summarise(probe, shape, float("nan")).qps
     n = int(min(max(first * spec.capacity_s, 4 * c), 5000))
-    point = await run_closed(client, _From(items, 3 * c), c, n, 0, spec.timeout_s)
+    point = await run_closed(client, Shifted(items, 3 * c, n), c, n, 0, spec.timeout_s)
     m = summarise(point, shape, float("nan"))
     if not m.ok:
         raise RuntimeError(f"capacity probe: no request succeeded ({point.records[0].error})")
@@ -116,7 +107,7 @@ async def soak_windows(client, items, start: int, rate: float, spec: SoakSpec, p
         window = min(spec.window_s, spec.minutes * 60 - elapsed)
         sched = poisson_schedule(rate, seed, duration_s=window)
         seed += 1
-        part = _From(items, start)
+        part = Shifted(items, start, len(sched))
         start += len(sched)
         gc.collect()
         gc.disable()  # as in `bench run`: a full collection stalls the sender
@@ -140,7 +131,7 @@ def run_soak(scenario, scenario_path: Path, engine: str, spec: SoakSpec, serve_a
     from harness.presets import resolve_model
     from harness.runner import engine_config, model_shape
     from harness.scenario import EngineSpec
-    from harness.server_process import ServeProcess
+    from harness.serve.process import ServeProcess
     from harness.workload import build_workload, load_tokenizer
 
     model_dir = resolve_model(scenario.model, log)

@@ -11,11 +11,11 @@ import pytest
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.load import LoadSpec, locust_commands, locust_row, outcome, parse_duration
+from harness.serve.load import LoadSpec, locust_commands, locust_row, outcome, parse_duration
 from harness.report.tables import RESULT_COLUMNS
-from harness.server_process import ServeProcess
+from harness.serve.process import ServeProcess
 
-SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
+SCENARIOS = Path(__file__).resolve().parents[3] / "scenarios"
 needs_locust = pytest.mark.skipif(importlib.util.find_spec("locust") is None, reason="locust not installed")
 
 STATS = """Type,Name,Request Count,Failure Count,Median Response Time,Average Response Time,Min Response Time,Max Response Time,Average Content Size,Requests/s,Failures/s,50%,66%,75%,80%,90%,95%,98%,99%,99.9%,99.99%,100%

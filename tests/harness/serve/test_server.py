@@ -16,10 +16,10 @@ import httpx
 import pytest
 
 from engines.base import BeamRequest, Bounds, EngineConfig, PrefillRequest
-from harness.api import ApiError
+from harness.serve.api import ApiError
 from harness.infer import infer_file
-from harness.server import Admission, ClientGone, ServerMetrics, until_disconnect
-from harness.server_process import ServeProcess
+from harness.serve.server import Admission, ClientGone, ServerMetrics, until_disconnect
+from harness.serve.process import ServeProcess
 
 # beams W <= 8, 3 steps; up to 4 samples of 32 tokens
 SCENARIO = """

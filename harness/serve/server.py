@@ -1,6 +1,6 @@
 """`bench serve`: any engine behind SGLang-compatible HTTP routes, on uvicorn.
 
-Routes: `POST /v1/score`, `POST /generate` (bodies in `harness.api`), `GET /health`,
+Routes: `POST /v1/score`, `POST /generate` (bodies in `harness.serve.api`), `GET /health`,
 `GET /metrics` (Prometheus: requests by status, latency, queue depth, samples per request,
 engine stage times, the engine's own counters such as batches, process memory),
 `GET /get_model_info`, `GET /server_info` (also `/get_server_info`, as SGLang has both).
@@ -38,7 +38,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from engines.base import Engine, RequestRejected
-from harness.api import ApiError, GenerateBody, ScoreBody, Translated, Translator, parse_body
+from harness.serve.api import ApiError, GenerateBody, ScoreBody, Translated, Translator, parse_body
 
 LATENCY_BUCKETS = (.001, .0025, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5, 10, 30, 60)
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)

@@ -2,7 +2,7 @@
 SGLang), its CSV stats turned into the harness's results.csv and run.json.
 
 The scenario's requests are tokenized here once and written as the bodies the `sglang`
-engine sends (`requests.jsonl`); Locust users (`harness/locustfile.py`) replay them. With
+engine sends (`requests.jsonl`); Locust users (`harness/serve/locustfile.py`) replay them. With
 `workers` > 0 Locust runs distributed: a master and that many local worker processes, all on
 127.0.0.1.
 
