@@ -12,10 +12,11 @@ from typing import Any, Callable
 from engines.base import Bounds, EngineConfig, EngineDied, EngineUnavailable
 from engines.registry import ENGINES, UnknownEngine, create_engine
 from harness.flops import ModelShape
-from harness.loadgen import no_progress, LoadPoint, poisson_schedule, run_closed, run_poisson
+from harness.loadgen import no_progress, LoadPoint
+from harness.loadmodes import LoadOverrides, load_mode
 from harness.metrics import P99_MIN_REQUESTS, PointMetrics, summarise, warnings_for
 from harness.presets import resolve_model
-from harness.scenario import BeamTask, ClosedLoad, EngineSpec, PoissonLoad, Scenario, Slo
+from harness.scenario import BeamTask, EngineSpec, Scenario, Slo
 from harness.workload import Shifted, build_workload, load_tokenizer
 
 
@@ -83,19 +84,8 @@ def effective_load(scenario: Scenario, ov: Overrides, device: str, log: Callable
                 + ", ".join(f"{k}={v}" for k, v in cpu_upd.items()) + "), fewer requests than on a GPU; "
                 "command-line flags override")
             upd.update(cpu_upd)
-    if ov.requests is not None:
-        upd["requests"] = ov.requests
-        if isinstance(load, PoissonLoad) and ov.duration_s is None:
-            upd["duration_s"] = None
-    if ov.duration_s is not None:
-        upd["duration_s"] = ov.duration_s
-    if ov.concurrency and isinstance(load, ClosedLoad):
-        upd["concurrency"] = ov.concurrency
-    if ov.rate and isinstance(load, PoissonLoad):
-        upd["rate"] = ov.rate
-    if isinstance(load, ClosedLoad) and ov.duration_s is not None:
-        upd.pop("duration_s")
-        log("--duration applies to poisson load only; closed load counts requests")
+    upd.update(load_mode(load).override(load, LoadOverrides(ov.requests, ov.duration_s, ov.concurrency, ov.rate),
+                                        log))
     return load.model_copy(update=upd)
 
 
@@ -122,27 +112,15 @@ async def drive(engine, items, load, seed: int, progress, points: list[LoadPoint
 async def _drive(engine, items, load, seed: int, progress, points: list[LoadPoint]) -> int:
     # Each load point gets requests no earlier point sent (a server's prefix cache must not
     # turn a repeat into a free answer); every engine sees the same points, so the same requests.
-    offset = 0
-    if isinstance(load, ClosedLoad):
-        for c in load.concurrency:
-            n = load.warmup_requests + load.requests
-            view = Shifted(items, offset, n)
-            gc.collect()
-            with progress(f"concurrency {c}", n) as tick:
-                await run_closed(engine, view, c, load.requests, load.warmup_requests, load.timeout_s,
-                                 tick, points)
-            offset += n
-            _stop_if_died(points[-1])
-    else:
-        for rate in load.rate:
-            sched = poisson_schedule(rate, seed, duration_s=load.duration_s, requests=load.requests,
-                                     warmup_s=load.warmup_s)
-            view = Shifted(items, offset, len(sched))
-            gc.collect()
-            with progress(f"rate {rate:g}/s", len(sched)) as tick:
-                await run_poisson(engine, view, rate, sched, load.warmup_s, load.timeout_s, tick, points)
-            offset += len(sched)
-            _stop_if_died(points[-1])
+    mode, offset = load_mode(load), 0
+    for value in mode.levels(load):
+        n = mode.size(load, value, seed)
+        view = Shifted(items, offset, n)
+        gc.collect()
+        with progress(mode.label(value), n) as tick:
+            await mode.drive(engine, view, load, value, seed, tick, points)
+        offset += n
+        _stop_if_died(points[-1])
     return offset
 
 

@@ -16,38 +16,16 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence
 
 from harness.flops import ModelShape
-from harness.loadgen import LoadPoint, no_progress, poisson_schedule, run_poisson
+from harness.loadgen import LoadPoint, no_progress, run_poisson
+from harness.loadmodes import ProbeLoad, load_mode
 from harness.metrics import ACHIEVED_RATE_MIN, PointMetrics, summarise, warnings_for
-from harness.scenario import ClosedLoad, PoissonLoad, Slo
+from harness.scenario import Slo
 from harness.workload import Shifted
 
 MAX_PROBES = 8
 REL_TOL = 0.02  # stop bisecting once the bracket is this narrow relative to its lower end
 DEFAULT_START_RATE = 10.0
 UNIT_SHAPE = ModelShape(1, 1, 1, 1, 1, 1, 1)  # FLOPs placeholder for engines without a model (tests)
-
-
-@dataclass(frozen=True)
-class ProbeLoad:
-    """How each probe is driven: the scenario's size, as a Poisson point."""
-
-    seed: int
-    requests: int | None = None
-    duration_s: float | None = None
-    warmup_s: float = 0.0
-    warmup_requests: int = 0  # closed-loop scenarios: turned into seconds at each rate
-    timeout_s: float = 60.0
-
-    def schedule(self, rate: float):
-        warmup_s = self.warmup_s or self.warmup_requests / rate
-        return poisson_schedule(rate, self.seed, duration_s=self.duration_s, requests=self.requests,
-                                warmup_s=warmup_s), warmup_s
-
-
-def probe_load(load: ClosedLoad | PoissonLoad, seed: int) -> ProbeLoad:
-    if isinstance(load, PoissonLoad):
-        return ProbeLoad(seed, load.requests, load.duration_s, load.warmup_s, 0, load.timeout_s)
-    return ProbeLoad(seed, load.requests, None, 0.0, load.warmup_requests, load.timeout_s)
 
 
 @dataclass
@@ -204,12 +182,13 @@ async def find_max_qps(engine, items, slo: Slo, load: ProbeLoad, *, start: float
     return result
 
 
-def run_search(engine, items, slo: Slo, load: ClosedLoad | PoissonLoad, seed: int, sweep: Sequence[PointMetrics],
+def run_search(engine, items, slo: Slo, load, seed: int, sweep: Sequence[PointMetrics],
                shape: ModelShape, peak_tflops: float, progress=None, log=print, first: int = 0) -> SearchResult:
     """Synchronous entry for the runner: probes sized like the scenario's load points,
     starting from the sweep's highest throughput."""
     start = start_rate(sweep)
     log(f"searching the max rate under the SLO, from {start:.4g} req/s (at most {MAX_PROBES} probes) ...")
-    return asyncio.run(find_max_qps(engine, items, slo, probe_load(load, seed), start=start, shape=shape,
-                                    peak_tflops=peak_tflops, progress=progress, log=log, first=first))
+    probes = load_mode(load).probe_load(load, seed)
+    return asyncio.run(find_max_qps(engine, items, slo, probes, start=start, shape=shape, peak_tflops=peak_tflops,
+                                    progress=progress, log=log, first=first))
 
