@@ -139,5 +139,13 @@ class Engine(abc.ABC):
     async def submit(self, request: Request) -> Result: ...
 
     @classmethod
+    def check_options(cls, options: dict[str, Any]) -> None:
+        """Raise ValueError naming the bad option if `options` are not this engine's (checked
+        when a scenario is loaded, before any engine starts). By default an engine takes none."""
+        if options:
+            raise ValueError(f"unknown option(s) {', '.join(sorted(map(str, options)))}: engine {cls.name!r} "
+                             "takes no options")
+
+    @classmethod
     def check_available(cls, config: EngineConfig) -> None:
         """Raise EngineUnavailable with a one-line reason if this engine cannot run here."""

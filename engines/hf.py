@@ -9,7 +9,8 @@ from typing import Any
 
 from engines.base import (Beam, BeamRequest, BeamResult, Engine, EngineUnavailable, PrefillRequest,
                           PrefillResult, Request, Result)
-from engines.tokens import apply_bounds, check_beam, encode, eos_ids, label_ids
+from engines.tokens import eos_ids
+from engines.validate import Limits, RequestChecker
 
 
 class HFEngine(Engine):
@@ -34,6 +35,7 @@ class HFEngine(Engine):
             path, dtype=getattr(torch, self.config.dtype), attn_implementation="sdpa"
         ).to(self.config.device).eval()
         self.eos = eos_ids(path)
+        self.checker = RequestChecker(Limits.for_model(path, self.config.bounds), self.tokenizer)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="hf")  # one model call at a time
 
@@ -60,8 +62,8 @@ class HFEngine(Engine):
 
     def _score(self, req: PrefillRequest) -> PrefillResult:
         torch = self.torch
-        labels = label_ids(self.tokenizer, req.labels)
-        seqs = apply_bounds(self.config.bounds, [encode(self.tokenizer, s) for s in req.samples])
+        checked = self.checker.prefill(req)
+        seqs, labels = checked.seqs, checked.labels
         width = max(map(len, seqs))
         ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(seqs), width), dtype=torch.long)
@@ -77,17 +79,17 @@ class HFEngine(Engine):
 
     def _beams(self, req: BeamRequest) -> BeamResult:
         torch = self.torch
-        check_beam(self.config.bounds, req.beam_width, req.decode_steps)
-        prompt = apply_bounds(self.config.bounds, [encode(self.tokenizer, req.prompt)], "prompt")[0]
-        n, steps = len(prompt), req.decode_steps
+        checked = self.checker.beam(req)
+        prompt, width = checked.prompt, checked.beam_width
+        n, steps = len(prompt), checked.decode_steps
         ids = torch.tensor([prompt], device=self.config.device)
         kw: dict[str, Any] = {}
-        if req.allowed:
-            trie = allowed_trie(req.allowed)
+        if checked.allowed is not None:
+            trie = allowed_trie(checked.allowed)
             kw["prefix_allowed_tokens_fn"] = lambda _b, seq: trie.get(tuple(seq[n:].tolist()), [])
         out = self.model.generate(
-            input_ids=ids, attention_mask=torch.ones_like(ids), num_beams=req.beam_width,
-            num_return_sequences=req.beam_width, max_new_tokens=steps, min_new_tokens=steps,
+            input_ids=ids, attention_mask=torch.ones_like(ids), num_beams=width,
+            num_return_sequences=width, max_new_tokens=steps, min_new_tokens=steps,
             do_sample=False, length_penalty=0.0, early_stopping=False, eos_token_id=self.eos,
             pad_token_id=self.pad_id, output_scores=True, return_dict_in_generate=True, **kw,
         )

@@ -1,7 +1,9 @@
-"""An engine that answers at once with well-formed results: measures the harness's own ceiling."""
+"""An engine that answers at once with well-formed results: measures the harness's own ceiling.
+Requests get the shared check without a tokenizer (text is not tokenized here)."""
 from __future__ import annotations
 
 from engines.base import Beam, BeamRequest, BeamResult, Engine, PrefillResult, Request, Result
+from engines.validate import Limits, RequestChecker
 
 
 class NoopEngine(Engine):
@@ -9,14 +11,15 @@ class NoopEngine(Engine):
     computes = False
 
     def start(self) -> None:
-        pass
+        self.checker = RequestChecker(Limits.for_model(self.config.model_dir, self.config.bounds))
 
     def describe(self) -> dict:
         return {**super().describe(), "version": "1"}
 
     async def submit(self, request: Request) -> Result:
+        checked = self.checker.check(request)
         if isinstance(request, BeamRequest):
-            beam = Beam([0] * request.decode_steps, "", 0.0)
-            return BeamResult(request.id, [beam] * request.beam_width)
-        n = len(request.labels)
-        return PrefillResult(request.id, [[1.0 / n] * n] * len(request.samples))
+            beam = Beam([0] * checked.decode_steps, "", 0.0)
+            return BeamResult(request.id, [beam] * checked.beam_width)
+        n = len(checked.labels)
+        return PrefillResult(request.id, [[1.0 / n] * n] * len(checked.seqs))

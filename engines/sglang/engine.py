@@ -22,18 +22,18 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from engines.base import (BeamRequest, BeamResult, Engine, EngineConfig, EngineDied, EngineError,
-                          EngineUnavailable, Label, PrefillRequest, PrefillResult, Request,
+                          EngineUnavailable, PrefillRequest, PrefillResult, Request,
                           RequestRejected, Result)
 from engines.sglang import protocol
 from engines.sglang.env import cache_dir, default_env_dir, env_python, read_marker
 from engines.sglang.server import LaunchSpec, LaunchedServer, free_port, log_tail, split_args
-from engines.tokens import apply_bounds, check_beam, encode, label_ids
+from engines.validate import Limits, RequestChecker
 
 
 class ServerDied(EngineDied):
@@ -95,12 +95,16 @@ class SGLangEngine(Engine):
         self.url = (self.options.url or "").rstrip("/")
         self._server_info: dict[str, Any] = {}
         self._tokenizer = None
-        self._label_ids: dict[tuple, list[int]] = {}
+        self._checker: RequestChecker | None = None
         self._client: httpx.AsyncClient | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
         self._died: str | None = None
 
     # -- availability and lifecycle ------------------------------------------------------
+
+    @classmethod
+    def check_options(cls, options: dict[str, Any]) -> None:
+        SGLangOptions.parse(options)
 
     @classmethod
     def check_available(cls, config: EngineConfig) -> None:
@@ -163,6 +167,7 @@ class SGLangEngine(Engine):
             self._tokenizer = AutoTokenizer.from_pretrained(str(self.config.model_dir))
         except (OSError, ValueError) as e:
             raise EngineUnavailable(f"cannot load the tokenizer of {self.config.model_dir}: {e}") from e
+        self._checker = RequestChecker(Limits.for_model(self.config.model_dir, self.config.bounds), self._tokenizer)
 
     def stop(self) -> None:
         self._client = None  # bound to its event loop, which may be gone: let it be collected
@@ -198,8 +203,8 @@ class SGLangEngine(Engine):
         raise RequestRejected(f"sglang engine cannot serve a {type(request).__name__}")
 
     async def _prefill(self, request: PrefillRequest) -> PrefillResult:
-        labels = self._label_token_ids(request.labels)
-        items = apply_bounds(self.config.bounds, [encode(self._tokenizer, s) for s in request.samples])
+        checked = self._checker.prefill(request)
+        items, labels = checked.seqs, checked.labels
         t0 = time.perf_counter()
         if self.options.per_sample:
             parts = await _gather_in_order([self._score([item], labels) for item in items])
@@ -216,18 +221,11 @@ class SGLangEngine(Engine):
         if request.allowed is not None:
             raise RequestRejected("SGLang 0.5.23 cannot constrain beam search to allowed item codes "
                                   "(it refuses regex/json/ebnf/structural-tag constraints with beams)")
-        check_beam(self.config.bounds, request.beam_width, request.decode_steps)
-        prompt = apply_bounds(self.config.bounds, [encode(self._tokenizer, request.prompt)], "prompt")[0]
+        checked = self._checker.beam(request)
         t0 = time.perf_counter()
-        body = protocol.generate_body(prompt, request.beam_width, request.decode_steps)
-        beams = protocol.parse_beams(await self._post("/generate", body), request.beam_width)
+        body = protocol.generate_body(checked.prompt, checked.beam_width, checked.decode_steps)
+        beams = protocol.parse_beams(await self._post("/generate", body), checked.beam_width)
         return BeamResult(id=request.id, beams=beams, stages={"http": (time.perf_counter() - t0) * 1e3})
-
-    def _label_token_ids(self, labels: Sequence[Label]) -> list[int]:
-        key = tuple(labels)
-        if key not in self._label_ids:
-            self._label_ids[key] = label_ids(self._tokenizer, labels)
-        return self._label_ids[key]
 
     # -- HTTP ----------------------------------------------------------------------------
 

@@ -52,7 +52,7 @@ def test_infer_prefill_and_beam(tmp_path):
     inp.write_text("\n".join(json.dumps(o) for o in [
         {"id": "p", "kind": "prefill_only", "samples": [" hello there", [5, 6, 7]], "labels": [" yes", " no"]},
         {"id": "b", "kind": "beam_search", "prompt": " the item code is", "beam_width": 3, "decode_steps": 2},
-        {"id": "bad", "kind": "prefill_only", "samples": [" x"], "labels": [" two words"]},
+        {"id": "bad", "kind": "prefill_only", "samples": [" x"], "labels": [" yes", " two words"]},
     ]))
     outp = tmp_path / "out.jsonl"
     res = CliRunner().invoke(app, ["infer", "--engine", "hf", "--model", "tiny", "--input", str(inp),

@@ -1,0 +1,328 @@
+"""The one strict check of a business request, shared by every engine, `bench serve` and
+`bench infer`: types, ranges and the declared bounds, before any work is done.
+
+`RequestChecker(limits, tokenizer).check(request)` returns the request as token ids
+(`CheckedPrefill` / `CheckedBeam`) or raises `RequestRejected` with a message that names
+the field. What it refuses:
+- wrong types: a bool is not an int, a float is not a token id, a string is not a list of
+  samples; an id outside `[0, vocab)`;
+- prefill_only: no samples, an empty sample, fewer than two labels, a label that is not
+  one token, two labels that are the same token;
+- beam_search: an empty prompt, `beam_width` / `decode_steps` outside the bounds, a prompt
+  plus its decode steps longer than the model's positions; with allowed item codes, a code
+  that is not exactly `decode_steps` tokens long or holds an EOS id (EOS is masked during
+  the steps, so such a code can never be generated), or a `beam_width` larger than the
+  number of distinct codes (only that many complete beams exist);
+- past the bounds: rejected, or cut to them when `on_violation` is "truncate" (the end of a
+  sample or prompt is kept: the scored position stays).
+
+Without a tokenizer (the noop engine, which must stay the harness's ceiling) text is only
+checked to be non-empty: its samples come back as `[]` and its label strings as -1, checked
+for distinctness as strings.
+"""
+from __future__ import annotations
+
+import json
+import numbers
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from engines.base import BeamRequest, Bounds, PrefillRequest, Request, RequestRejected
+
+# Hard caps, whatever the bounds say: sizes an engine could never plan buffers for.
+MAX_SAMPLES = 4096
+MAX_BEAM_WIDTH = 4096
+MAX_DECODE_STEPS = 64
+MAX_LABELS = 4096
+
+
+@dataclass(frozen=True)
+class FieldNames:
+    """How the fields are called where the request came from (in error messages)."""
+
+    samples: str = "samples"
+    labels: str = "labels"
+    prompt: str = "prompt"
+    beam_width: str = "beam_width"
+    decode_steps: str = "decode_steps"
+    allowed: str = "allowed"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a request is checked against: the model's vocabulary and positions, the engine's
+    bounds, and the ids that are masked during beam steps."""
+
+    bounds: Bounds = Bounds()
+    vocab: int | None = None  # None: ids are not range-checked (no model at hand)
+    max_positions: int | None = None
+    eos: frozenset[int] = frozenset()
+
+    @classmethod
+    def for_model(cls, model_dir: str | Path, bounds: Bounds) -> "Limits":
+        """Vocabulary size, maximum positions and EOS ids from a HF model directory."""
+        cfg = _read_json(Path(model_dir) / "config.json")
+        gen = _read_json(Path(model_dir) / "generation_config.json")
+        eos = gen.get("eos_token_id", cfg.get("eos_token_id"))
+        eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+        return cls(bounds, cfg.get("vocab_size"), cfg.get("max_position_embeddings"), frozenset(eos))
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+@dataclass(frozen=True)
+class CheckedPrefill:
+    id: str
+    seqs: list[list[int]]  # token ids of each sample, within the bounds
+    labels: list[int]  # distinct label token ids
+
+
+@dataclass(frozen=True)
+class CheckedBeam:
+    id: str
+    prompt: list[int]
+    beam_width: int
+    decode_steps: int
+    allowed: Sequence[Sequence[int]] | None  # the request's own object (engines cache by identity)
+
+
+Checked = CheckedPrefill | CheckedBeam
+
+
+@dataclass(frozen=True)
+class _Codes:
+    """What a request needs to know of one `allowed` object, found once per object."""
+
+    distinct: int
+    lengths: frozenset[int]
+    problem: str  # "" when every code is a non-empty list of in-range, non-EOS ids
+
+
+def is_int(x: Any) -> bool:
+    """An integer that is not a bool (numpy integers included)."""
+    return type(x) is int or (isinstance(x, numbers.Integral) and not isinstance(x, bool))
+
+
+def _ids_problem(ids: Any, vocab: int | None, what: str) -> str:
+    """Why `ids` is not a non-empty list of token ids, or ""."""
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
+        return f"{what}: expected a list of token ids, got {type(ids).__name__}"
+    if not ids:
+        return f"{what}: empty"
+    for k, t in enumerate(ids):
+        if type(t) is not int and not is_int(t):
+            return f"{what}.{k}: token ids are integers, got {t!r}"
+    if vocab is not None:
+        lo, hi = min(ids), max(ids)
+        if lo < 0 or hi >= vocab:
+            bad = lo if lo < 0 else hi
+            return f"{what}: token id {int(bad)} outside [0, {vocab})"
+    return ""
+
+
+class RequestChecker:
+    """Checks requests for one engine (or server): its limits, tokenizer and field names."""
+
+    def __init__(self, limits: Limits, tokenizer: Any = None, names: FieldNames = FieldNames()):
+        self.limits, self.tokenizer, self.names = limits, tokenizer, names
+        self._labels: dict[tuple, list[int]] = {}
+        self._codes: dict[int, tuple[object, _Codes]] = {}
+
+    def check(self, request: Request) -> Checked:
+        if isinstance(request, PrefillRequest):
+            return self.prefill(request)
+        if isinstance(request, BeamRequest):
+            return self.beam(request)
+        raise RequestRejected(f"not a request: {type(request).__name__}")
+
+    # --- prefill_only -------------------------------------------------------------------
+
+    def prefill(self, req: PrefillRequest) -> CheckedPrefill:
+        labels = self.labels(req.labels)
+        seqs = self._samples(req.samples)
+        return CheckedPrefill(req.id, seqs, labels)
+
+    def labels(self, labels: Any) -> list[int]:
+        name = self.names.labels
+        if isinstance(labels, (str, bytes)) or not isinstance(labels, Sequence):
+            raise RequestRejected(f"{name}: expected a list of labels (text or token ids), "
+                                  f"got {type(labels).__name__}")
+        key = tuple((type(x), x) for x in labels) if all(isinstance(x, (str, int)) for x in labels) else None
+        hit = self._labels.get(key) if key is not None else None
+        if hit is not None:
+            return hit
+        ids = self._label_ids(labels, name)
+        if key is not None:
+            if len(self._labels) >= 64:
+                self._labels.pop(next(iter(self._labels)))
+            self._labels[key] = ids
+        return ids
+
+    def _label_ids(self, labels: Sequence[Any], name: str) -> list[int]:
+        if len(labels) < 2:
+            raise RequestRejected(f"{name}: need at least two labels (the softmax runs over them), "
+                                  f"got {len(labels)}")
+        if len(labels) > MAX_LABELS:
+            raise RequestRejected(f"{name}: {len(labels)} labels > {MAX_LABELS}")
+        ids, seen = [], {}
+        for k, lab in enumerate(labels):
+            tid = self._label_id(lab, f"{name}.{k}")
+            key = lab if tid == -1 else tid
+            if key in seen:
+                raise RequestRejected(f"{name}.{k}: same token {key!r} as {name}.{seen[key]}; labels must be distinct")
+            seen[key] = k
+            ids.append(tid)
+        return ids
+
+    def _label_id(self, lab: Any, where: str) -> int:
+        if is_int(lab):
+            problem = _ids_problem([lab], self.limits.vocab, where)
+            if problem:
+                raise RequestRejected(problem.replace(f"{where}: token id", f"{where}: label id"))
+            return int(lab)
+        if not isinstance(lab, str):
+            raise RequestRejected(f"{where}: a label is text or a token id, got {lab!r}")
+        if not lab:
+            raise RequestRejected(f"{where}: empty label")
+        if self.tokenizer is None:
+            return -1
+        enc = self.tokenizer.encode(lab, add_special_tokens=False)
+        if len(enc) != 1:
+            raise RequestRejected(f"{where}: label {lab!r} is {len(enc)} tokens {enc}; each label must be one token")
+        return enc[0]
+
+    def _samples(self, samples: Any) -> list[list[int]]:
+        name, b = self.names.samples, self.limits.bounds
+        if isinstance(samples, (str, bytes)) or not isinstance(samples, Sequence):
+            raise RequestRejected(f"{name}: expected a list of samples (text or token id lists), "
+                                  f"got {type(samples).__name__}")
+        if not samples:
+            raise RequestRejected(f"{name}: need at least one sample")
+        cap = min(b.max_samples_per_request, MAX_SAMPLES)
+        if len(samples) > cap:
+            if b.on_violation != "truncate" or len(samples) > MAX_SAMPLES:
+                raise RequestRejected(f"{name}: {len(samples)} samples > max_samples_per_request {cap}")
+            samples = samples[:cap]
+        seqs = self._encode_all(samples, name)
+        return [self._fit(s, f"{name}.{k}", b.max_prompt_tokens) if s is not None else []
+                for k, s in enumerate(seqs)]
+
+    def _encode_all(self, samples: Sequence[Any], name: str) -> list[list[int] | None]:
+        texts = []
+        for k, s in enumerate(samples):
+            if isinstance(s, str):
+                if not s:
+                    raise RequestRejected(f"{name}.{k}: empty sample")
+                texts.append(s)
+            else:
+                problem = _ids_problem(s, self.limits.vocab, f"{name}.{k}")
+                if problem:
+                    raise RequestRejected(problem)
+        encoded = iter(self._encode_texts(texts))
+        return [next(encoded) if isinstance(s, str) else [int(t) for t in s] for s in samples]
+
+    def _encode_texts(self, texts: list[str]) -> list[list[int] | None]:
+        if self.tokenizer is None or not texts:
+            return [None] * len(texts)  # no tokenizer: the length of text is unknown
+        return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+    def _fit(self, seq: list[int], where: str, cap: int, extra: int = 0) -> list[int]:
+        """`seq` within `cap` tokens (and the model's positions, counting `extra` more)."""
+        if not seq:
+            raise RequestRejected(f"{where}: encodes to no tokens")
+        if len(seq) > cap:
+            if self.limits.bounds.on_violation != "truncate":
+                raise RequestRejected(f"{where}: {len(seq)} tokens > max_prompt_tokens {cap}")
+            seq = seq[-cap:]
+        positions = self.limits.max_positions
+        if positions is not None and len(seq) + extra > positions:
+            what = f"{len(seq)} tokens" + (f" + {extra} decode steps" if extra else "")
+            raise RequestRejected(f"{where}: {what} > the model's {positions} positions")
+        return seq
+
+    # --- beam_search --------------------------------------------------------------------
+
+    def beam(self, req: BeamRequest) -> CheckedBeam:
+        n, b = self.names, self.limits.bounds
+        width = self._count(req.beam_width, n.beam_width, min(b.max_beam_width, MAX_BEAM_WIDTH))
+        steps = self._count(req.decode_steps, n.decode_steps, min(b.max_decode_steps, MAX_DECODE_STEPS))
+        vocab = self.limits.vocab
+        if vocab is not None and width > vocab - len(self.limits.eos):
+            raise RequestRejected(f"{n.beam_width}: {width} > the {vocab - len(self.limits.eos)} tokens a "
+                                  "first step can choose from")
+        prompt = self._prompt(req.prompt, steps)
+        if req.allowed is not None:
+            self._check_codes(req.allowed, width, steps)
+        return CheckedBeam(req.id, prompt, width, steps, req.allowed)
+
+    def _count(self, value: Any, name: str, cap: int) -> int:
+        if not is_int(value):
+            raise RequestRejected(f"{name}: expected an integer, got {value!r}")
+        if not 1 <= value <= cap:
+            raise RequestRejected(f"{name}: {int(value)} outside 1..{cap}")
+        return int(value)
+
+    def _prompt(self, prompt: Any, steps: int) -> list[int]:
+        name, b = self.names.prompt, self.limits.bounds
+        if isinstance(prompt, str):
+            if not prompt:
+                raise RequestRejected(f"{name}: empty prompt")
+            seq = self._encode_texts([prompt])[0]
+            if seq is None:
+                return []
+        else:
+            problem = _ids_problem(prompt, self.limits.vocab, name)
+            if problem:
+                raise RequestRejected(problem)
+            seq = [int(t) for t in prompt]
+        return self._fit(seq, name, b.max_prompt_tokens, extra=steps)
+
+    def _check_codes(self, allowed: Any, width: int, steps: int) -> None:
+        name = self.names.allowed
+        codes = self._codes_summary(allowed)
+        if codes.problem:
+            raise RequestRejected(codes.problem)
+        if codes.lengths != {steps}:
+            raise RequestRejected(f"{name}: every item code must be exactly {self.names.decode_steps} = {steps} "
+                                  f"tokens long; got lengths {sorted(codes.lengths)}")
+        if width > codes.distinct:
+            raise RequestRejected(f"{name}: {self.names.beam_width} {width} > {codes.distinct} distinct item "
+                                  "codes (only that many complete beams exist)")
+
+    def _codes_summary(self, allowed: Any) -> _Codes:
+        hit = self._codes.get(id(allowed))
+        if hit is not None and hit[0] is allowed:
+            return hit[1]
+        summary = self._summarise_codes(allowed)
+        if len(self._codes) >= 8:
+            self._codes.pop(next(iter(self._codes)))
+        self._codes[id(allowed)] = (allowed, summary)
+        return summary
+
+    def _summarise_codes(self, allowed: Any) -> _Codes:
+        name, vocab, eos = self.names.allowed, self.limits.vocab, self.limits.eos
+        if isinstance(allowed, (str, bytes)) or not isinstance(allowed, Sequence):
+            return _Codes(0, frozenset(), f"{name}: expected a list of item codes (token id lists), "
+                                          f"got {type(allowed).__name__}")
+        if not allowed:
+            return _Codes(0, frozenset(), f"{name}: no item codes; give at least one code or leave it out")
+        lengths, distinct = set(), set()
+        for k, code in enumerate(allowed):
+            problem = _ids_problem(code, vocab, f"{name}.{k}")
+            if problem:
+                return _Codes(0, frozenset(), problem)
+            code = tuple(int(t) for t in code)
+            masked = eos.intersection(code)
+            if masked:
+                return _Codes(0, frozenset(), f"{name}.{k}: holds EOS id {min(masked)}, which is masked during "
+                                              "the decode steps (that code could never be generated)")
+            lengths.add(len(code))
+            distinct.add(code)
+        return _Codes(len(distinct), frozenset(lengths), "")
