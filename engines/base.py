@@ -9,7 +9,7 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 Sample = Union[str, Sequence[int]]
 Label = Union[str, int]
@@ -39,12 +39,34 @@ class EngineUnavailable(Exception):
 
 @dataclass(frozen=True)
 class PrefillRequest:
-    """Score each sample: softmax over `labels` of the next-token logits at its last position."""
+    """Score each sample: softmax over `labels` of the next-token logits at its last position.
+
+    Or a query and its items (`query` given, `samples` empty): sample i is the concatenation
+    query + items[i] (token ids concatenated; text joined into one string, then tokenized),
+    scored like any sample. Engines may compute the query's K/V once and share it between the
+    items; the answer must equal scoring the concatenations. Build one with `with_query`.
+    """
 
     id: str
     samples: Sequence[Sample]
     labels: Sequence[Label]
     kind: str = PREFILL_ONLY
+    query: Optional[Sample] = None
+    items: Sequence[Sample] = ()
+
+    @classmethod
+    def with_query(cls, id: str, query: Sample, items: Sequence[Sample],
+                   labels: Sequence[Label]) -> "PrefillRequest":
+        return cls(id, (), labels, query=query, items=items)
+
+    @property
+    def has_query(self) -> bool:
+        return self.query is not None
+
+    @property
+    def num_samples(self) -> int:
+        """Samples to score: the items of a query request, else the samples."""
+        return len(self.items) if self.has_query else len(self.samples)
 
 
 @dataclass(frozen=True)
@@ -95,11 +117,13 @@ Result = Union[PrefillResult, BeamResult]
 class Bounds:
     """What the engine must be ready for; allocate from this at start."""
 
-    max_samples_per_request: int = 16
-    max_prompt_tokens: int = 512
+    max_samples_per_request: int = 16  # samples, or items of a query request
+    max_prompt_tokens: int = 512  # a sample or beam prompt
     max_beam_width: int = 400
     max_decode_steps: int = 5
-    on_violation: str = "reject"  # or "truncate": cut samples/prompts to the bounds
+    on_violation: str = "reject"  # or "truncate": cut samples/prompts to the bounds (keeping their ends)
+    max_query_tokens: int = 512  # the query of a query request
+    max_item_tokens: int = 512  # each item of a query request (query + item may exceed max_prompt_tokens)
 
 
 @dataclass(frozen=True)
@@ -112,11 +136,30 @@ class EngineConfig:
     options: dict[str, Any] = field(default_factory=dict)  # engine-specific settings
 
 
+def as_samples(request: PrefillRequest) -> PrefillRequest:
+    """A query request as plain samples: its concatenations (text joined, ids concatenated)."""
+    if not request.has_query:
+        return request
+    if request.samples:
+        raise RequestRejected("give samples, or query + items, not both")
+    text = isinstance(request.query, str)
+    if not request.items or any(isinstance(item, str) != text for item in request.items):
+        raise RequestRejected("a query request needs items, all text or all token ids like its query")
+    if text:
+        samples = [request.query + item for item in request.items]
+    else:
+        samples = [list(request.query) + list(item) for item in request.items]
+    return PrefillRequest(request.id, samples, request.labels)
+
+
 class Engine(abc.ABC):
     """One engine instance. `start` before `submit`; `stop` releases everything."""
 
     name: str = "engine"
     computes: bool = True  # False for engines that skip the model (MFU is then meaningless)
+    # True if `submit` takes query requests (PrefillRequest.with_query); an engine that does
+    # not is handed their concatenations instead (engines.registry.create_engine)
+    takes_query_requests: bool = False
 
     def __init__(self, config: EngineConfig):
         self.config = config

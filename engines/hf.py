@@ -1,6 +1,7 @@
 """transformers baseline: what a competent engineer writes with transformers alone — a padded
 batch per business request, SDPA attention, `logits_to_keep=1` for scoring, and
-`generate(num_beams=...)` for beams. It is also the correctness reference."""
+`generate(num_beams=...)` for beams. It is also the correctness reference: a query request
+is scored as its concatenations query + item_i, each a full sample (no sharing)."""
 from __future__ import annotations
 
 import asyncio
@@ -15,6 +16,7 @@ from engines.validate import Limits, RequestChecker
 
 class HFEngine(Engine):
     name = "hf"
+    takes_query_requests = True  # the checker gives a query request's concatenations
 
     @classmethod
     def check_available(cls, config) -> None:

@@ -8,6 +8,7 @@ from engines.validate import Limits, RequestChecker
 
 class NoopEngine(Engine):
     name = "noop"
+    takes_query_requests = True  # the checker gives a query request's concatenations
     computes = False
 
     def start(self) -> None:

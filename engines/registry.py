@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-from engines.base import Engine, EngineConfig, EngineUnavailable
+from engines.base import Engine, EngineConfig, EngineUnavailable, PrefillRequest, Request, Result, as_samples
 
 ENGINES: dict[str, str] = {
     "noop": "engines.noop:NoopEngine",
@@ -32,4 +32,24 @@ def engine_class(name: str) -> type[Engine]:
 def create_engine(name: str, config: EngineConfig) -> Engine:
     cls = engine_class(name)
     cls.check_available(config)
-    return cls(config)
+    engine = cls(config)
+    return engine if cls.takes_query_requests else QueryAsSamples(engine)
+
+
+class QueryAsSamples:
+    """An engine that takes no query requests, handed each one's concatenations as samples
+    (the same answers, no sharing); everything else is the engine's own."""
+
+    def __init__(self, engine: Engine):
+        self._engine = engine
+
+    def __getattr__(self, name: str):
+        return getattr(self._engine, name)
+
+    async def submit(self, request: Request) -> Result:
+        if isinstance(request, PrefillRequest):
+            request = as_samples(request)
+        return await self._engine.submit(request)
+
+    def describe(self) -> dict:
+        return {**self._engine.describe(), "query_requests": "scored as their concatenations"}

@@ -7,14 +7,23 @@ the field. What it refuses:
 - wrong types: a bool is not an int, a float is not a token id, a string is not a list of
   samples; an id outside `[0, vocab)`;
 - prefill_only: no samples, an empty sample, fewer than two labels, a label that is not
-  one token, two labels that are the same token;
+  one token, two labels that are the same token; a query request (`query` + `items`)
+  with samples too, an empty query or item, no items, a query and items not all text or
+  all token ids;
 - beam_search: an empty prompt, `beam_width` / `decode_steps` outside the bounds, a prompt
   plus its decode steps longer than the model's positions; with allowed item codes, a code
   that is not exactly `decode_steps` tokens long or holds an EOS id (EOS is masked during
   the steps, so such a code can never be generated), or a `beam_width` larger than the
   number of distinct codes (only that many complete beams exist);
 - past the bounds: rejected, or cut to them when `on_violation` is "truncate" (the end of a
-  sample or prompt is kept: the scored position stays).
+  sample, prompt, query or item is kept: the scored position stays; the first samples or
+  items are kept). A query request's items count against `max_samples_per_request`, its
+  query against `max_query_tokens` and each item against `max_item_tokens`.
+
+A query request comes back as its concatenations (`CheckedPrefill.seqs`, sample i = query
++ item_i, what an engine scoring samples computes) with `query_len`, the length of the
+prefix they share (the query's tokens), for engines that compute the query once. Text is
+tokenized as one string per sample (`split_query`).
 
 Without a tokenizer (the noop engine, which must stay the harness's ceiling) text is only
 checked to be non-empty: its samples come back as `[]` and its label strings as -1, checked
@@ -28,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from engines.base import BeamRequest, Bounds, PrefillRequest, Request, RequestRejected
+from engines.base import BeamRequest, Bounds, PrefillRequest, Request, RequestRejected, Sample
 
 # Hard caps, whatever the bounds say: sizes an engine could never plan buffers for.
 MAX_SAMPLES = 4096
@@ -42,6 +51,8 @@ class FieldNames:
     """How the fields are called where the request came from (in error messages)."""
 
     samples: str = "samples"
+    query: str = "query"
+    items: str = "items"
     labels: str = "labels"
     prompt: str = "prompt"
     beam_width: str = "beam_width"
@@ -80,8 +91,18 @@ def _read_json(path: Path) -> dict[str, Any]:
 @dataclass(frozen=True)
 class CheckedPrefill:
     id: str
-    seqs: list[list[int]]  # token ids of each sample, within the bounds
+    seqs: list[list[int]]  # token ids of each sample, within the bounds (query + item_i)
     labels: list[int]  # distinct label token ids
+    query_len: int = 0  # a query request: every sample starts with the same query_len tokens
+
+    @property
+    def query(self) -> list[int]:
+        return self.seqs[0][: self.query_len]
+
+    @property
+    def items(self) -> list[list[int]]:
+        """Each sample past the shared query (the samples themselves without a query)."""
+        return [s[self.query_len:] for s in self.seqs]
 
 
 @dataclass(frozen=True)
@@ -146,8 +167,58 @@ class RequestChecker:
 
     def prefill(self, req: PrefillRequest) -> CheckedPrefill:
         labels = self.labels(req.labels)
+        if req.has_query:
+            return self._query_request(req, labels)
         seqs = self._samples(req.samples)
         return CheckedPrefill(req.id, seqs, labels)
+
+    def _query_request(self, req: PrefillRequest, labels: list[int]) -> CheckedPrefill:
+        n, b = self.names, self.limits.bounds
+        if req.samples:
+            raise RequestRejected(f"give {n.samples}, or {n.query} + {n.items}, not both")
+        items = self._items_list(req.items, isinstance(req.query, str))
+        self._pieces([req.query] + list(items), isinstance(req.query, str))
+        if self.tokenizer is None and isinstance(req.query, str):
+            return CheckedPrefill(req.id, [[] for _ in items], labels)  # noop: lengths unknown
+        query, item_ids = split_query(self.tokenizer, req.query, items)
+        cap = b.max_item_tokens
+        if query:
+            query = self._fit(query, n.query, b.max_query_tokens, bound="max_query_tokens")
+        else:  # text whose first tokens all merge across the boundary: nothing shared
+            cap += b.max_query_tokens
+        item_ids = [self._fit(item, f"{n.items}.{k}", cap, extra=len(query), bound="max_item_tokens")
+                    for k, item in enumerate(item_ids)]
+        return CheckedPrefill(req.id, [query + item for item in item_ids], labels, len(query))
+
+    def _items_list(self, items: Any, text: bool) -> Sequence[Any]:
+        name, b = self.names.items, self.limits.bounds
+        if isinstance(items, (str, bytes)) or not isinstance(items, Sequence):
+            raise RequestRejected(f"{name}: expected a list of items ({'text' if text else 'token id lists'}, "
+                                  f"like the {self.names.query}), got {type(items).__name__}")
+        if not items:
+            raise RequestRejected(f"{name}: need at least one item")
+        cap = min(b.max_samples_per_request, MAX_SAMPLES)
+        if len(items) > cap:
+            if b.on_violation != "truncate" or len(items) > MAX_SAMPLES:
+                raise RequestRejected(f"{name}: {len(items)} items > max_samples_per_request {cap}")
+            items = items[:cap]
+        return items
+
+    def _pieces(self, pieces: list[Any], text: bool) -> None:
+        """The query (pieces[0]) and each item: all non-empty text, or all token id lists."""
+        for k, piece in enumerate(pieces):
+            where = self.names.query if k == 0 else f"{self.names.items}.{k - 1}"
+            if text:
+                if not isinstance(piece, str):
+                    raise RequestRejected(f"{where}: expected text like the {self.names.query}, "
+                                          f"got {type(piece).__name__} (query and items: all text or all token ids)")
+                if not piece:
+                    raise RequestRejected(f"{where}: empty")
+                continue
+            problem = _ids_problem(piece, self.limits.vocab, where)
+            if problem:
+                raise RequestRejected(problem + " (query and items: all text or all token ids)"
+                                      if isinstance(piece, str) else problem)
 
     def labels(self, labels: Any) -> list[int]:
         name = self.names.labels
@@ -233,17 +304,20 @@ class RequestChecker:
             return [None] * len(texts)  # no tokenizer: the length of text is unknown
         return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
-    def _fit(self, seq: list[int], where: str, cap: int, extra: int = 0) -> list[int]:
-        """`seq` within `cap` tokens (and the model's positions, counting `extra` more)."""
+    def _fit(self, seq: list[int], where: str, cap: int, extra: int = 0,
+             bound: str = "max_prompt_tokens") -> list[int]:
+        """`seq` within `cap` tokens (and the model's positions, counting `extra` more: a
+        beam's decode steps, or the query before an item)."""
         if not seq:
             raise RequestRejected(f"{where}: encodes to no tokens")
         if len(seq) > cap:
             if self.limits.bounds.on_violation != "truncate":
-                raise RequestRejected(f"{where}: {len(seq)} tokens > max_prompt_tokens {cap}")
+                raise RequestRejected(f"{where}: {len(seq)} tokens > {bound} {cap}")
             seq = seq[-cap:]
         positions = self.limits.max_positions
         if positions is not None and len(seq) + extra > positions:
-            what = f"{len(seq)} tokens" + (f" + {extra} decode steps" if extra else "")
+            before = "query tokens" if bound == "max_item_tokens" else "decode steps"
+            what = f"{len(seq)} tokens" + (f" + {extra} {before}" if extra else "")
             raise RequestRejected(f"{where}: {what} > the model's {positions} positions")
         return seq
 
@@ -326,3 +400,25 @@ class RequestChecker:
             lengths.add(len(code))
             distinct.add(code)
         return _Codes(len(distinct), frozenset(lengths), "")
+
+
+def split_query(tokenizer: Any, query: Sample, items: Sequence[Sample]) -> tuple[list[int], list[list[int]]]:
+    """(query ids, item ids) of a query request, so that query + item_i is sample i's ids.
+
+    Token ids are taken as given. Text is tokenized as one string per sample (query + item,
+    the semantics), so a tokenizer merge across the boundary cannot change the answer: the
+    shared query part is the longest prefix all the concatenations have in common, at most
+    the query's own tokens, leaving every item at least one token of its own.
+    """
+    if not isinstance(query, str):
+        return [int(t) for t in query], [[int(t) for t in item] for item in items]
+    cats = [list(c) for c in tokenizer([query + item for item in items] + [query],
+                                       add_special_tokens=False)["input_ids"]]
+    own = len(cats.pop())
+    shared = min(own, min(map(len, cats)) - 1, _common_prefix(cats))
+    return cats[0][:shared], [c[shared:] for c in cats]
+
+
+def _common_prefix(seqs: list[list[int]]) -> int:
+    first, n = seqs[0], min(map(len, seqs))
+    return next((k for k in range(n) if any(s[k] != first[k] for s in seqs)), n)

@@ -65,3 +65,24 @@ def test_bounds_reject_and_engine_keeps_serving(engine):
     with pytest.raises(RequestRejected, match="one token"):
         asyncio.run(engine.submit(PrefillRequest("x", ["a"], [" yes", " definitely not"])))
     assert asyncio.run(engine.submit(PrefillRequest("ok", [" fine"], [" yes", " no"]))).scores
+
+
+def test_query_request_scores_the_concatenations(engine, ref, tokenizer):
+    query, items = " is this about animals:", [" the cat sat", " stock prices fell", " a dog"]
+    labels = [" yes", " no"]
+    res = asyncio.run(engine.submit(PrefillRequest.with_query("q", query, items, labels)))
+    ids = [tokenizer.encode(lab, add_special_tokens=False)[0] for lab in labels]
+    assert len(res.scores) == len(items)
+    for item, got in zip(items, res.scores):
+        toks = tokenizer.encode(query + item, add_special_tokens=False)
+        with torch.no_grad():
+            want = ref(torch.tensor([toks])).logits[0, -1, ids].softmax(-1)
+        assert got == pytest.approx(want.tolist(), abs=1e-5)
+    ids_res = asyncio.run(engine.submit(PrefillRequest.with_query("t", [5, 6, 7], [[8], [9, 10]], ids)))
+    plain = asyncio.run(engine.submit(PrefillRequest("s", [[5, 6, 7, 8], [5, 6, 7, 9, 10]], ids)))
+    assert torch.tensor(ids_res.scores).allclose(torch.tensor(plain.scores), atol=1e-6)
+
+
+def test_query_bounds_reject(engine):
+    with pytest.raises(RequestRejected, match="max_samples_per_request"):
+        asyncio.run(engine.submit(PrefillRequest.with_query("x", [1], [[2]] * 9, [" yes", " no"])))

@@ -141,3 +141,94 @@ def test_without_a_tokenizer_text_is_not_tokenized():
     assert got.seqs == [[], [3]] and got.labels == [-1, -1]
     with pytest.raises(RequestRejected, match="labels.1: same token ' a'"):
         c.check(_prefill([[1]], [" a", " a"]))
+
+
+# --- query + items --------------------------------------------------------------------
+
+QBOUNDS = Bounds(max_samples_per_request=3, max_prompt_tokens=16, max_query_tokens=4, max_item_tokens=3)
+
+
+@pytest.fixture(scope="module")
+def qchecker(tokenizer):
+    return RequestChecker(Limits(QBOUNDS, VOCAB, 64), tokenizer)
+
+
+def _query(query, items, labels=(" yes", " no"), **kw):
+    return PrefillRequest("q", kw.pop("samples", ()), list(labels), query=query, items=items)
+
+
+def _enc(tokenizer, text):
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+QUERY_BAD = [
+    (_query([1, 2], []), "items: need at least one item"),
+    (_query([1, 2], [[3]] * 4), "items: 4 items > max_samples_per_request 3"),
+    (_query([1, 2], [3]), "items.0: expected a list of token ids"),
+    (_query([1, 2], " a"), "items: expected a list of items"),
+    (_query([1, 2], [[3], []]), "items.1: empty"),
+    (_query([1, 2], [[3], [2.0]]), "items.1.0: token ids are integers"),
+    (_query([1, 2], [[3], [VOCAB]]), f"items.1: token id {VOCAB} outside"),
+    (_query([1, 2], [" text"]), "items.0: expected a list of token ids, got str (query and items: all text"),
+    (_query(" text", [[3]]), "items.0: expected text like the query, got list"),
+    (_query("", [" a"]), "query: empty"),
+    (_query([], [[3]]), "query: empty"),
+    (_query([True], [[3]]), "query.0: token ids are integers"),
+    (_query(" q", [" a", ""]), "items.1: empty"),
+    (_query([1, 2, 3, 4, 5], [[3]]), "query: 5 tokens > max_query_tokens 4"),
+    (_query([1], [[3], [4, 5, 6, 7]]), "items.1: 4 tokens > max_item_tokens 3"),
+    (_query([1], [[3]], samples=[[1]]), "give samples, or query + items, not both"),
+    (_query([1], [[3]], labels=[" yes"]), "labels: need at least two"),
+]
+
+
+@pytest.mark.parametrize("request_, message", QUERY_BAD, ids=[m for _, m in QUERY_BAD])
+def test_bad_query_requests_are_refused_with_the_field(qchecker, request_, message):
+    with pytest.raises(RequestRejected) as e:
+        qchecker.check(request_)
+    assert message in str(e.value)
+
+
+def test_query_ids_come_back_as_the_concatenations(qchecker):
+    got = qchecker.check(_query([1, 2, np.int64(3)], [[4], [5, 6]]))
+    assert got.seqs == [[1, 2, 3, 4], [1, 2, 3, 5, 6]] and got.query_len == 3
+    assert got.query == [1, 2, 3] and got.items == [[4], [5, 6]]
+    plain = qchecker.check(_prefill([[1, 2]]))
+    assert plain.query_len == 0 and plain.items == [[1, 2]]
+
+
+def test_query_text_is_tokenized_as_one_string_per_sample(qchecker, tokenizer):
+    query, items = " is it", [" cats", " red", "?"]
+    got = qchecker.check(_query(query, items))
+    assert got.seqs == [_enc(tokenizer, query + i) for i in items]  # however the pieces were cut
+    assert got.query == _enc(tokenizer, query)  # a word boundary: the query's own tokens are shared
+
+
+def test_a_merge_across_the_boundary_shares_only_the_common_prefix(tokenizer):
+    c = RequestChecker(Limits(Bounds(max_query_tokens=8, max_item_tokens=8), VOCAB), tokenizer)
+    query, items = " hello wor", ["ld", "ds", " there"]
+    assert _enc(tokenizer, query + items[0])[: len(_enc(tokenizer, query))] != _enc(tokenizer, query)
+    got = c.check(_query(query, items))
+    assert got.seqs == [_enc(tokenizer, query + i) for i in items]
+    assert 0 < got.query_len < len(_enc(tokenizer, query)) and all(got.items)
+    same = c.check(_query(" the query", [" same", " same"]))  # identical items keep a token each
+    assert same.seqs == [_enc(tokenizer, " the query same")] * 2 and all(same.items)
+
+
+def test_query_truncation_keeps_the_ends_and_the_first_items(tokenizer):
+    b = Bounds(max_samples_per_request=2, max_query_tokens=2, max_item_tokens=2, on_violation="truncate")
+    got = RequestChecker(Limits(b, VOCAB), tokenizer).check(_query([1, 2, 3], [[4, 5, 6], [7], [8]]))
+    assert got.seqs == [[2, 3, 5, 6], [2, 3, 7]] and got.query_len == 2
+
+
+def test_query_positions_count_the_query(tokenizer):
+    c = RequestChecker(Limits(Bounds(max_query_tokens=8, max_item_tokens=8), VOCAB, 10), tokenizer)
+    c.check(_query(list(range(1, 8)), [[1, 2, 3]]))
+    with pytest.raises(RequestRejected, match=r"items.0: 4 tokens \+ 7 query tokens > the model's 10 positions"):
+        c.check(_query(list(range(1, 8)), [[1, 2, 3, 4]]))
+
+
+def test_query_without_a_tokenizer(tokenizer):
+    c = RequestChecker(Limits(QBOUNDS, VOCAB))
+    assert c.check(_query(" any text", [" a", " b"])).seqs == [[], []]
+    assert c.check(_query([1], [[2], [3]])).seqs == [[1, 2], [1, 3]]
