@@ -12,7 +12,8 @@ Options (EngineConfig.options):
   server_args: list|str    extra `launch_server` arguments, appended last (they override ours)
   host, port               where a launched server listens (default 127.0.0.1, a free port)
   startup_timeout_s: 300   how long a launched server may take to become healthy
-  per_sample: false        one /v1/score call per sample, concurrently, re-assembled in order
+  per_sample: false        one /v1/score call per sample (a query request: the query and one
+                           item per call), concurrently, re-assembled in order
   timeout_s: 120           per HTTP request
   max_connections: 512     HTTP connection pool size
   log_path: str            launched server's log (default under the cache folder)
@@ -86,6 +87,7 @@ class SGLangOptions(BaseModel):
 
 class SGLangEngine(Engine):
     name = "sglang"
+    takes_query_requests = True
 
     def __init__(self, config: EngineConfig, transport: httpx.MockTransport | None = None):
         super().__init__(config)
@@ -180,13 +182,16 @@ class SGLangEngine(Engine):
         keys = ("model_path", "dtype", "device", "attention_backend", "max_total_tokens",
                 "max_running_requests", "chunked_prefill_size", "max_prefill_tokens", "page_size",
                 "schedule_policy", "disable_radix_cache", "disable_overlap_schedule", "tp_size",
-                "dp_size", "kv_cache_dtype", "sampling_backend", "enable_torch_compile")
+                "dp_size", "kv_cache_dtype", "sampling_backend", "enable_torch_compile",
+                "enable_mis", "multi_item_scoring_delimiter")
         return {
             **super().describe(),
             "version": info.get("version"),
             "url": self.url,
             "mode": "launch" if self.options.launches else "connect",
             "per_sample": self.options.per_sample,
+            "radix_cache": _radix_cache(info, self.options.server_args),
+            "multi_item_scoring": _multi_item(info, self.options.server_args),
             "server_settings": {k: info[k] for k in keys if k in info},
             "launch_command": info.get("launch_command"),
         }
@@ -203,18 +208,18 @@ class SGLangEngine(Engine):
         raise RequestRejected(f"sglang engine cannot serve a {type(request).__name__}")
 
     async def _prefill(self, request: PrefillRequest) -> PrefillResult:
-        checked = self._checker.prefill(request)
-        items, labels = checked.seqs, checked.labels
+        checked = self._checker.prefill(request)  # a query request keeps its query apart
+        query, items, labels = checked.query, checked.items, checked.labels
         t0 = time.perf_counter()
         if self.options.per_sample:
-            parts = await _gather_in_order([self._score([item], labels) for item in items])
+            parts = await _gather_in_order([self._score(query, [item], labels) for item in items])
             scores = [row for part in parts for row in part]
         else:
-            scores = await self._score(items, labels)
+            scores = await self._score(query, items, labels)
         return PrefillResult(id=request.id, scores=scores, stages={"http": (time.perf_counter() - t0) * 1e3})
 
-    async def _score(self, items: list[list[int]], labels: list[int]) -> list[list[float]]:
-        payload = await self._post("/v1/score", protocol.score_body(items, labels))
+    async def _score(self, query: list[int], items: list[list[int]], labels: list[int]) -> list[list[float]]:
+        payload = await self._post("/v1/score", protocol.score_body(query, items, labels))
         return protocol.parse_scores(payload, len(items), len(labels))
 
     async def _beam(self, request: BeamRequest) -> BeamResult:
@@ -286,6 +291,22 @@ class SGLangEngine(Engine):
                 reason = f"SGLang server at {self.url} no longer answers ({type(e).__name__}: {e})"
         self._died = reason
         raise ServerDied(reason) from cause
+
+
+def _radix_cache(info: dict[str, Any], args: Sequence[str]) -> str:
+    """'on' / 'off' as the server reports it (else as the launch arguments ask)."""
+    if "disable_radix_cache" in info:
+        return "off" if info["disable_radix_cache"] else "on"
+    return "off" if "--disable-radix-cache" in args else "on (not reported by the server)"
+
+
+def _multi_item(info: dict[str, Any], args: Sequence[str]) -> str:
+    """SGLang's multi-item scoring: --enable-mis (0.5.23), --multi-item-scoring-delimiter (older)."""
+    if info.get("enable_mis") or "--enable-mis" in args:
+        return "on (--enable-mis)"
+    if info.get("multi_item_scoring_delimiter") is not None:
+        return f"on (--multi-item-scoring-delimiter {info['multi_item_scoring_delimiter']})"
+    return "off"
 
 
 async def _gather_in_order(coros: list) -> list:

@@ -6,8 +6,14 @@ the server scores exactly the tokens the other engines score.
 
 prefill_only -> POST /v1/score. SGLang scores each `query + item` as its own sequence
 (token lists concatenated) and reads the label log-probs at its last position;
-`apply_softmax` renormalises over the label tokens. With an empty query each item is
-exactly one sample, so a business request is one call with all its samples as items.
+`apply_softmax` renormalises over the label tokens. A query request is sent as it is (its
+query and items); plain samples go with an empty query, each item exactly one sample. So a
+business request is one call. SGLang's radix cache (on unless `--disable-radix-cache`)
+computes a shared query prefix once. Its multi-item scoring (`--enable-mis` in 0.5.23,
+`--multi-item-scoring-delimiter` before) packs query<d>item1<d>item2<d>... into one
+sequence and reads the labels at each delimiter d (token 9999), which is not the
+concatenation's last position: different answers, and it needs the flashinfer attention
+backend (a GPU); it cannot start on a CPU.
 SGLang refuses label ids at or above the tokenizer's base vocabulary (151643 for Qwen:
 the special tokens) and duplicate labels, with HTTP 400.
 
@@ -24,9 +30,9 @@ from typing import Any, Sequence
 
 from engines.base import Beam, EngineError
 
-def score_body(items: Sequence[Sequence[int]], label_ids: Sequence[int]) -> dict[str, Any]:
-    """The query is empty so each item (one sample's token ids) is scored alone."""
-    return {"query": [], "items": [list(i) for i in items], "label_token_ids": list(label_ids),
+def score_body(query: Sequence[int], items: Sequence[Sequence[int]], label_ids: Sequence[int]) -> dict[str, Any]:
+    """Sample i is query + items[i]; an empty query scores each item alone."""
+    return {"query": list(query), "items": [list(i) for i in items], "label_token_ids": list(label_ids),
             "apply_softmax": True}
 
 

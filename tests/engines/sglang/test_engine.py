@@ -62,6 +62,31 @@ def test_one_call_per_business_request_with_label_strings(tiny_dir, tokenizer):
     assert engine.describe()["version"] == "0.5.23"
 
 
+def test_a_query_request_goes_as_query_and_items(tiny_dir, tokenizer):
+    calls = []
+
+    def score(body):
+        calls.append(body)
+        return httpx.Response(200, json={"scores": [[0.5, 0.5]] * len(body["items"])})
+
+    engine = mock_engine(tiny_dir, routes(score=score))
+    enc = lambda s: tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
+    res = asyncio.run(engine.submit(PrefillRequest.with_query("q", " is it about", [" cats", " dogs"], [1, 2])))
+    assert res.scores == [[0.5, 0.5]] * 2
+    assert calls[0]["query"] == enc(" is it about") and calls[0]["items"] == [enc(" cats"), enc(" dogs")]
+    asyncio.run(engine.submit(PrefillRequest.with_query("i", [9, 8], [[1], [2, 3]], [1, 2])))
+    assert (calls[1]["query"], calls[1]["items"]) == ([9, 8], [[1], [2, 3]])
+    with pytest.raises(RequestRejected, match="max_samples_per_request"):
+        asyncio.run(engine.submit(PrefillRequest.with_query("x", [9], [[1]] * 9, [1, 2])))
+    assert len(calls) == 2  # refused before sending
+    assert engine.describe()["radix_cache"] == "on (not reported by the server)"
+    assert engine.describe()["multi_item_scoring"] == "off"
+    per = mock_engine(tiny_dir, routes(score=score), per_sample=True, server_args=["--disable-radix-cache"])
+    asyncio.run(per.submit(PrefillRequest.with_query("p", [9, 8], [[1], [2, 3], [4]], [1, 2])))
+    assert [(c["query"], c["items"]) for c in calls[2:]] == [([9, 8], [[1]]), ([9, 8], [[2, 3]]), ([9, 8], [[4]])]
+    assert per.describe()["radix_cache"] == "off"
+
+
 def test_per_sample_reassembles_in_order_when_answers_come_back_out_of_order(tiny_dir):
     calls = []
 

@@ -29,9 +29,14 @@ GREEDY_ANSWER = {"text": "抽烟 />}\n harmonic", "output_ids": [115980, 36781, 
 
 
 def test_score_body_scores_each_sample_alone():
-    body = protocol.score_body([[1, 2, 3], (4, 5)], (9454, 2152))
+    body = protocol.score_body([], [[1, 2, 3], (4, 5)], (9454, 2152))
     assert body == {"query": [], "items": [[1, 2, 3], [4, 5]], "label_token_ids": [9454, 2152],
                     "apply_softmax": True}
+
+
+def test_score_body_sends_a_query_as_it_is():
+    body = protocol.score_body((7, 8), [[1], [2, 3]], [5, 6])
+    assert body["query"] == [7, 8] and body["items"] == [[1], [2, 3]]
 
 
 def test_parse_scores_checks_shape():
