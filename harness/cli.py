@@ -74,7 +74,9 @@ def run(
     ov = Overrides(engines=engine or [], requests=requests, duration_s=duration, device=device,
                    peak_tflops=peak_tflops, concurrency=concurrency or None, rate=rate or None,
                    find_max_qps=find_max_qps)
-    names = ov.engines or [e.name for e in sc.engines]
+    from harness.runner import chosen_specs
+
+    names = [s.title for s in chosen_specs(sc, ov.engines)]
     if baseline is not None and baseline not in names:
         _fail(f"--baseline {baseline!r} is not an engine of this run; engines: {', '.join(names)}")
     ctx = {"run_id": run_id, "scenario_path": str(scenario), "scenario_text": scenario.read_text(),

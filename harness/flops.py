@@ -7,6 +7,11 @@ tokens, the same way for every engine (DESIGN.md 6.4):
 - LM head 2 x hidden x vocab at each position whose next-token distribution the task reads:
   the last token of each sample, and each beam at each decode step.
 
+A query + items request counts each sample as its whole concatenation query + item_i, the
+work an engine scoring the samples one by one does: an engine that computes the query's
+K/V once per request does less, and so reads a higher effective MFU (the harness passes the
+concatenation lengths as the samples' tokens).
+
 Beam search with S generated tokens runs S - 1 decode passes of W beams (the first token
 comes from the prompt's last position). Padding, recomputation and wasted beams never count.
 """
@@ -19,7 +24,9 @@ from typing import Sequence
 
 FORMULA = ("effective FLOPs = sum over valid tokens of [2*N_nonemb + 4*L*H*D*context] "
            "+ 2*hidden*vocab per read position (sample last token; beam x decode step); "
-           "MFU = effective FLOPs / (window_s * peak FLOP/s)")
+           "MFU = effective FLOPs / (window_s * peak FLOP/s). A query + items request counts each "
+           "sample as its full concatenation query + item_i (the work a per-sample engine does), "
+           "so an engine that computes the query once reads a higher effective MFU")
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """`bench infer`: requests from a JSONL file through one engine, answers to a JSONL file.
-The engine's bounds are sized from the input."""
+The engine's bounds are sized from the input (a query request's query and items by their
+own bounds, max_query_tokens and max_item_tokens)."""
 from __future__ import annotations
 
 import asyncio
@@ -7,21 +8,33 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from engines.base import BeamRequest, BeamResult, Bounds, EngineConfig, PrefillRequest, Request, Result
+from engines.base import (BeamRequest, BeamResult, Bounds, EngineConfig, PrefillRequest, Request,
+                          RequestRejected, Result)
 from engines.registry import create_engine
 from engines.tokens import encode
+from engines.validate import split_query
 from harness.presets import resolve_model
 from harness.workload import load_tokenizer, read_jsonl
 
 
 def bounds_for(requests: list[Request], tokenizer: Any) -> Bounds:
-    prompts = [s for r in requests for s in (r.samples if isinstance(r, PrefillRequest) else [r.prompt])]
+    scoring = [r for r in requests if isinstance(r, PrefillRequest)]
     beams = [r for r in requests if isinstance(r, BeamRequest)]
+    prompts = [s for r in scoring if not r.has_query for s in r.samples] + [r.prompt for r in beams]
+    splits = []
+    for r in scoring:
+        if r.has_query:
+            try:
+                splits.append(split_query(tokenizer, r.query, r.items))
+            except (RequestRejected, TypeError, ValueError):
+                pass  # malformed: the engine answers this one with its error
     return Bounds(
-        max_samples_per_request=max([len(r.samples) for r in requests if isinstance(r, PrefillRequest)], default=1),
-        max_prompt_tokens=max(len(encode(tokenizer, s)) for s in prompts),
+        max_samples_per_request=max([r.num_samples for r in scoring], default=1),
+        max_prompt_tokens=max([len(encode(tokenizer, s)) for s in prompts], default=1),
         max_beam_width=max([r.beam_width for r in beams], default=1),
         max_decode_steps=max([r.decode_steps for r in beams], default=1),
+        max_query_tokens=max([len(q) for q, _ in splits], default=1),
+        max_item_tokens=max([len(i) for _, items in splits for i in items], default=1),
     )
 
 

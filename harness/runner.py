@@ -92,7 +92,8 @@ def effective_load(scenario: Scenario, ov: Overrides, device: str, log: Callable
 def engine_config(scenario: Scenario, spec: EngineSpec, model_dir: str, device: str) -> EngineConfig:
     b, task = scenario.bounds, scenario.task
     bounds = Bounds(max_samples_per_request=b.max_samples_per_request, max_prompt_tokens=b.max_prompt_tokens,
-                    on_violation=b.on_violation,
+                    on_violation=b.on_violation, max_query_tokens=b.max_query_tokens or b.max_prompt_tokens,
+                    max_item_tokens=b.max_item_tokens or b.max_prompt_tokens,
                     max_beam_width=task.beam_width if isinstance(task, BeamTask) else 1,
                     max_decode_steps=task.decode_steps if isinstance(task, BeamTask) else 1)
     return EngineConfig(Path(model_dir), scenario.dtype, device, bounds, task.kind, spec.options)
@@ -167,7 +168,8 @@ def run_engine(er: EngineRun, spec: EngineSpec, cfg: EngineConfig, items, load, 
 
 def run_scenario(scenario: Scenario, ov: Overrides, *, base_dir: Path | None = None,
                  log: Callable[[str], None] = print, progress=None, on_engine_done=None) -> RunResult:
-    unknown = [n for n in ov.engines + [s.name for s in scenario.engines] if n not in ENGINES]
+    labels = {s.label for s in scenario.engines}
+    unknown = [n for n in ov.engines + [s.name for s in scenario.engines] if n not in ENGINES and n not in labels]
     if unknown:
         raise UnknownEngine(f"unknown engine {unknown[0]!r}; known engines: {', '.join(sorted(ENGINES))}")
     if ov.find_max_qps and scenario.slo.mean_ms is None and scenario.slo.p99_ms is None:
@@ -185,14 +187,11 @@ def run_scenario(scenario: Scenario, ov: Overrides, *, base_dir: Path | None = N
     result = RunResult(scenario, model_dir, device, peak, source)
     load = effective_load(scenario, ov, device, lambda m: (result.notes.append(m), log(m)))
     items = build_workload(scenario, load_tokenizer(model_dir), base_dir)
-    specs = [EngineSpec(name=n) for n in ov.engines] if ov.engines else scenario.engines
-    if ov.engines:  # keep the scenario's options for engines it names
-        by_name = {s.name: s for s in scenario.engines}
-        specs = [by_name.get(s.name, s) for s in specs]
+    specs = chosen_specs(scenario, ov.engines)
     progress = progress or no_progress
     try:
         for spec in specs:
-            er = EngineRun(spec.name)
+            er = EngineRun(spec.title)
             result.engines.append(er)
             run_engine(er, spec, engine_config(scenario, spec, model_dir, device), items, load,
                        scenario.workload.seed, shape, peak, log, progress,
@@ -204,6 +203,18 @@ def run_scenario(scenario: Scenario, ov: Overrides, *, base_dir: Path | None = N
         log("interrupted: keeping what was measured")
     return result
 
+
+
+def chosen_specs(scenario: Scenario, names: list[str]) -> list[EngineSpec]:
+    """The scenario's engine entries, or those the command line names: `--engine X` takes
+    every entry whose name or label is X (with its options), else a plain X."""
+    if not names:
+        return list(scenario.engines)
+    specs: list[EngineSpec] = []
+    for n in names:
+        found = [s for s in scenario.engines if n in (s.name, s.label)] or [EngineSpec(name=n)]
+        specs += [s for s in found if s not in specs]
+    return specs
 
 
 def model_shape(model: str) -> ModelShape:

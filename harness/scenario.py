@@ -53,21 +53,44 @@ class TokenDist(_Strict):
 
 
 class Workload(_Strict):
+    """Synthetic samples (`samples_per_request` x `prompt_tokens`), synthetic query + items
+    requests (`query_tokens`, `item_tokens`, `items_per_request`: sample i is the query
+    followed by item i), or a JSONL dataset."""
+
     samples_per_request: int = Field(default=1, gt=0)
     prompt_tokens: TokenDist | int | None = None
+    query_tokens: TokenDist | int | None = None
+    item_tokens: TokenDist | int | None = None
+    items_per_request: TokenDist | int | None = None  # a number, or a distribution like the lengths
     dataset: str | None = None  # JSONL of requests (see `bench infer` input format)
     seed: int = 0
 
     @model_validator(mode="after")
     def _source(self) -> "Workload":
-        if (self.prompt_tokens is None) == (self.dataset is None):
-            raise ValueError("give exactly one of prompt_tokens (synthetic) or dataset (JSONL file)")
+        query = {"query_tokens", "item_tokens", "items_per_request"} & self.model_fields_set
+        sources = [self.prompt_tokens is not None, bool(query), self.dataset is not None]
+        if sum(sources) != 1:
+            raise ValueError("give exactly one of prompt_tokens (synthetic samples), query_tokens + "
+                             "item_tokens + items_per_request (synthetic query + items) or dataset (JSONL file)")
+        if query:
+            missing = sorted({"query_tokens", "item_tokens", "items_per_request"} - query)
+            if missing:
+                raise ValueError(f"a query + items workload needs {', '.join(missing)} too")
+            if "samples_per_request" in self.model_fields_set:
+                raise ValueError("samples_per_request is for samples; a query + items workload gives "
+                                 "items_per_request")
         return self
+
+    @property
+    def has_query(self) -> bool:
+        return self.query_tokens is not None
 
 
 class Bounds(_Strict):
-    max_samples_per_request: int = Field(default=16, gt=0)
+    max_samples_per_request: int = Field(default=16, gt=0)  # samples, or items of a query request
     max_prompt_tokens: int = Field(default=512, gt=0)
+    max_query_tokens: int | None = Field(default=None, gt=0)  # default: max_prompt_tokens
+    max_item_tokens: int | None = Field(default=None, gt=0)  # default: max_prompt_tokens
     on_violation: Literal["reject", "truncate"] = "reject"
 
 
@@ -127,12 +150,20 @@ class Slo(_Strict):
 
 
 class EngineSpec(_Strict):
+    """An engine entry: its name, an optional `label` (how tables and reports call it, so one
+    engine may be listed twice with different options), and engine-specific options."""
+
     model_config = ConfigDict(extra="allow", frozen=True)  # engine-specific options
     name: str
+    label: str | None = Field(default=None, min_length=1)
 
     @property
     def options(self) -> dict[str, Any]:
         return dict(self.model_extra or {})
+
+    @property
+    def title(self) -> str:
+        return self.label or self.name
 
 
 class Scenario(_Strict):
@@ -155,6 +186,17 @@ class Scenario(_Strict):
         if isinstance(v, list):
             return [{"name": e} if isinstance(e, str) else e for e in v]
         return v
+
+    @model_validator(mode="after")
+    def _query_needs_prefill(self) -> "Scenario":
+        if self.workload.has_query and not isinstance(self.task, PrefillTask):
+            raise ValueError("a query + items workload needs task kind prefill_only")
+        titles = [e.title for e in self.engines]
+        dup = next((t for t in titles if titles.count(t) > 1), None)
+        if dup is not None:
+            raise ValueError(f"engine {dup!r} is listed twice; give each entry of the same engine "
+                             "its own label (e.g. {name: bounded, label: bounded-noshare, ...})")
+        return self
 
 
 class ScenarioError(ValueError):

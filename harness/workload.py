@@ -1,5 +1,6 @@
 """Deterministic business requests from a scenario: synthetic text whose token length under
-the model's tokenizer follows the scenario's distribution, or requests from a JSONL file.
+the model's tokenizer follows the scenario's distribution (independent samples, or a query
+and its items), or requests from a JSONL file.
 
 Request `i` depends only on the seed and `i`, so every engine sees the same requests in the
 same order, however many it is sent.
@@ -15,6 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from engines.base import BeamRequest, PrefillRequest, Request
+from engines.validate import split_query
 from harness.scenario import BeamTask, PrefillTask, Scenario, TokenDist
 
 
@@ -23,7 +25,10 @@ class WorkItem:
     """A request plus what the harness needs to account for it."""
 
     request: Request
-    prompt_tokens: tuple[int, ...]  # valid tokens of each sample (one entry for a beam prompt)
+    # valid tokens of each sample (one entry for a beam prompt); a query request's samples
+    # are its concatenations query + item_i, counted whole (what a per-sample engine computes)
+    prompt_tokens: tuple[int, ...]
+    query_tokens: int = 0  # the query's share of each sample, for a query request
 
     @property
     def samples(self) -> int:
@@ -94,6 +99,8 @@ class SyntheticWorkload:
         wl, task = self.scenario.workload, self.scenario.task
         rng = np.random.default_rng([wl.seed, i])
         rid = f"{self.scenario.name}-{i}"
+        if isinstance(task, PrefillTask) and wl.has_query:
+            return self._query_request(rid, rng)
         if isinstance(task, PrefillTask):
             lengths = tuple(draw_length(rng, wl.prompt_tokens) for _ in range(wl.samples_per_request))
             samples = [self.maker.text(rng, n) for n in lengths]
@@ -102,11 +109,25 @@ class SyntheticWorkload:
         req = BeamRequest(rid, self.maker.text(rng, n), task.beam_width, task.decode_steps, self.allowed)
         return WorkItem(req, (n,))
 
+    def _query_request(self, rid: str, rng: np.random.Generator) -> WorkItem:
+        # words are single tokens with a leading space, so query + item tokenizes as the
+        # query's tokens followed by the item's: the drawn lengths are exact
+        wl = self.scenario.workload
+        count = max(1, draw_length(rng, wl.items_per_request))
+        q = draw_length(rng, wl.query_tokens)
+        lengths = [draw_length(rng, wl.item_tokens) for _ in range(count)]
+        query = self.maker.text(rng, q)
+        items = [self.maker.text(rng, n) for n in lengths]
+        req = PrefillRequest.with_query(rid, query, items, list(self.scenario.task.labels))
+        return WorkItem(req, tuple(q + n for n in lengths), q)
+
 
 def parse_request(obj: dict[str, Any], where: str) -> Request:
     """One JSONL line (the `bench infer` input format) -> a request."""
     try:
         kind, rid = obj["kind"], str(obj.get("id", where))
+        if kind == "prefill_only" and "query" in obj:
+            return _query_request(obj, rid, where)
         if kind == "prefill_only":
             return PrefillRequest(rid, list(obj["samples"]), list(obj["labels"]))
         if kind == "beam_search":
@@ -116,6 +137,24 @@ def parse_request(obj: dict[str, Any], where: str) -> Request:
     except KeyError as e:
         raise ValueError(f"{where}: missing field {e.args[0]!r}") from None
     raise ValueError(f"{where}: unknown kind {obj.get('kind')!r}; kinds: prefill_only, beam_search")
+
+
+def _query_request(obj: dict[str, Any], rid: str, where: str) -> PrefillRequest:
+    """{"query": text | [ids], "items": [text | [ids], ...], "labels": [...]}: no samples."""
+    if "samples" in obj:
+        raise ValueError(f"{where}: give samples, or query + items, not both")
+    query, items = obj["query"], obj["items"]
+    if not isinstance(items, list) or not items:
+        raise ValueError(f"{where}: items must be a non-empty list of texts or token id lists")
+    text = isinstance(query, str)
+    for k, piece in enumerate([query] + items):
+        ok = isinstance(piece, str) if text else (
+            isinstance(piece, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in piece))
+        if not ok or not piece:
+            what = "query" if k == 0 else f"items[{k - 1}]"
+            raise ValueError(f"{where}: {what} must be a non-empty " + ("text (the query is text)" if text
+                             else "list of token ids (the query is token ids)"))
+    return PrefillRequest.with_query(rid, query, items, list(obj["labels"]))
 
 
 def read_jsonl(path: str | Path) -> list[Request]:
@@ -142,6 +181,10 @@ class DatasetWorkload:
     def __init__(self, path: str | Path, tokenizer: Any):
         self.items = []
         for req in read_jsonl(path):
+            if isinstance(req, PrefillRequest) and req.has_query:
+                query, items = split_query(tokenizer, req.query, req.items)
+                self.items.append(WorkItem(req, tuple(len(query) + len(i) for i in items), len(query)))
+                continue
             texts = req.samples if isinstance(req, PrefillRequest) else [req.prompt]
             self.items.append(WorkItem(req, tuple(count_tokens(tokenizer, s) for s in texts)))
         if not self.items:

@@ -67,6 +67,51 @@ def test_infer_prefill_and_beam(tmp_path):
     assert "one token" in lines[2]["error"]
 
 
+def test_infer_query_requests_answer_like_their_concatenations(tmp_path):
+    from harness.workload import load_tokenizer
+    from harness.presets import materialise
+
+    tok = load_tokenizer(str(materialise("tiny")))
+    query, items = " is this about cats:", [" a cat", " the weather today", " kittens"]
+    cats = [tok.encode(query + i, add_special_tokens=False) for i in items]
+    runner, out = CliRunner(), {}
+    for name, line in [("query", {"query": query, "items": items}),
+                       ("ids", {"query": cats[0][:5], "items": [c[5:] for c in cats]}),
+                       ("samples", {"samples": cats})]:
+        inp, outp = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.out.jsonl"
+        inp.write_text(json.dumps({"id": name, "kind": "prefill_only", "labels": [" yes", " no"], **line}) + "\n")
+        res = runner.invoke(app, ["infer", "--engine", "hf", "--model", "tiny", "--input", str(inp),
+                                  "--output", str(outp)])
+        assert res.exit_code == 0, res.output
+        out[name] = json.loads(outp.read_text())["scores"]
+    assert len(out["samples"]) == 3
+    for name in ("query", "ids"):
+        for got, want in zip(out[name], out["samples"], strict=True):
+            assert got == pytest.approx(want, abs=1e-6)
+
+
+def test_run_query_scenario_counts_the_concatenations(tmp_path):
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["run", str(SCENARIOS / "smoke_relevance.yaml"), "--requests", "3",
+                                   "--peak-tflops", "0.5", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    rows = {(r["engine"], r["load_value"]): r for r in csv.DictReader(open(out / "results.csv"))}
+    assert {e for e, _ in rows} == {"hf", "noop"}
+    assert all(r["errors"] == "0" for r in rows.values())
+    reqs = [r for r in csv.DictReader(open(out / "requests.csv")) if r["engine"] == "hf"]
+    run = json.loads((out / "run.json").read_text())
+    assert "full concatenation query + item_i" in run["mfu_formula"]
+    from harness.scenario import load_scenario
+    from harness.workload import build_workload, load_tokenizer
+    from harness.presets import materialise
+
+    wl = build_workload(load_scenario(SCENARIOS / "smoke_relevance.yaml"), load_tokenizer(str(materialise("tiny"))))
+    first = wl[0]
+    assert int(reqs[0]["samples"]) == len(first.request.items)
+    assert int(reqs[0]["tokens"]) == sum(first.prompt_tokens) == sum(
+        first.query_tokens + len(i.split()) for i in first.request.items)
+
+
 def test_compile_ahead_of_time_then_from_cache():
     runner = CliRunner()
     first = runner.invoke(app, ["compile", str(SCENARIOS / "smoke_prefill.yaml")])

@@ -68,3 +68,43 @@ def test_load_modes_parse():
     assert isinstance(load_scenario(SCENARIOS / "smoke_prefill.yaml").load, ClosedLoad)
     assert isinstance(load_scenario(SCENARIOS / "noop_ceiling.yaml").load, PoissonLoad)
     assert data["engines"]
+
+
+def _query_good() -> dict:
+    return yaml.safe_load((SCENARIOS / "smoke_relevance.yaml").read_text())
+
+
+@pytest.mark.parametrize("mutate, msg", [
+    (lambda d: d["workload"].pop("item_tokens"), "needs item_tokens too"),
+    (lambda d: d["workload"].update(prompt_tokens=10), "give exactly one of"),
+    (lambda d: d["workload"].update(samples_per_request=3), "samples_per_request is for samples"),
+    (lambda d: d["workload"].update(items_per_request={"mean": 5, "min": 6, "max": 9}), "min <= mean <= max"),
+    (lambda d: d.update(task={"kind": "beam_search", "beam_width": 4, "decode_steps": 2}), "needs task kind prefill_only"),
+    (lambda d: d["bounds"].update(max_query_tokens=0), "field bounds.max_query_tokens"),
+])
+def test_query_workload_errors(tmp_path, mutate, msg):
+    data = _query_good()
+    mutate(data)
+    with pytest.raises(ScenarioError, match=msg):
+        load_scenario(_write(tmp_path, data))
+
+
+def test_one_engine_twice_needs_labels(tmp_path):
+    data = _good()
+    data["engines"] = ["hf", {"name": "hf", "dtype_note": 1}]
+    with pytest.raises(ScenarioError, match="'hf' is listed twice"):
+        load_scenario(_write(tmp_path, data))
+    data["engines"] = ["hf", {"name": "hf", "label": "hf-2", "x": 1}]
+    sc = load_scenario(_write(tmp_path, data))
+    assert [e.title for e in sc.engines] == ["hf", "hf-2"] and sc.engines[1].options == {"x": 1}
+
+
+def test_engine_flag_takes_every_entry_of_that_name_or_label(tmp_path):
+    from harness.runner import chosen_specs
+
+    data = _good()
+    data["engines"] = ["bounded", {"name": "bounded", "label": "bounded-noshare", "share_query": False}, "hf"]
+    sc = load_scenario(_write(tmp_path, data))
+    assert [s.title for s in chosen_specs(sc, [])] == ["bounded", "bounded-noshare", "hf"]
+    assert [s.title for s in chosen_specs(sc, ["hf", "bounded"])] == ["hf", "bounded", "bounded-noshare"]
+    assert [s.title for s in chosen_specs(sc, ["bounded-noshare", "noop"])] == ["bounded-noshare", "noop"]

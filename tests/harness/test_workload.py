@@ -73,3 +73,58 @@ def test_jsonl_errors_name_line(tmp_path):
     p.write_text("{oops\n")
     with pytest.raises(ValueError, match="bad.jsonl:1: not valid JSON"):
         read_jsonl(p)
+
+
+def _query_scenario(**workload):
+    wl = {"query_tokens": {"mean": 32, "min": 8, "max": 64}, "item_tokens": {"mean": 20, "min": 4, "max": 40},
+          "items_per_request": {"mean": 6, "min": 1, "max": 12}, **workload}
+    return parse_scenario(dict(name="q", model="tiny", task={"kind": "prefill_only", "labels": [" yes", " no"]},
+                               workload=wl, load={"mode": "closed", "concurrency": [1]}, engines=["noop"]))
+
+
+def test_query_workload_is_deterministic_with_exact_lengths(tokenizer):
+    a, b = build_workload(_query_scenario(), tokenizer), build_workload(_query_scenario(), tokenizer)
+    assert [a[i] for i in range(5)] == [b[i] for i in range(5)]
+    counts = set()
+    for i in range(30):
+        item, req = a[i], a[i].request
+        assert req.has_query and req.samples == () and len(req.items) == len(item.prompt_tokens)
+        q = len(tokenizer.encode(req.query, add_special_tokens=False))
+        assert q == item.query_tokens and 8 <= q <= 64
+        # each sample's tokens are the whole concatenation, tokenized as one string
+        assert [len(tokenizer.encode(req.query + it, add_special_tokens=False)) for it in req.items] == \
+            list(item.prompt_tokens)
+        assert all(q + 4 <= n <= q + 40 for n in item.prompt_tokens)
+        counts.add(len(req.items))
+    assert len(counts) > 3 and min(counts) >= 1 and max(counts) <= 12  # items per request drawn
+    fixed = build_workload(_query_scenario(items_per_request=15), tokenizer)
+    assert all(len(fixed[i].request.items) == 15 for i in range(5))
+
+
+def test_query_jsonl_dataset(tmp_path, tokenizer):
+    p = tmp_path / "q.jsonl"
+    p.write_text("\n".join(json.dumps(o) for o in [
+        {"id": "t", "kind": "prefill_only", "query": " is it", "items": [" red", " a big cat"], "labels": [" yes", " no"]},
+        {"id": "i", "kind": "prefill_only", "query": [1, 2, 3], "items": [[4], [5, 6]], "labels": [7, 8]},
+    ]))
+    wl = build_workload(_scenario(prompt_tokens=None, dataset=str(p)), tokenizer)
+    assert wl[0].request.query == " is it" and wl[0].prompt_tokens == (3, 5) and wl[0].query_tokens == 2
+    assert wl[1].prompt_tokens == (4, 5) and wl[1].query_tokens == 3
+
+
+@pytest.mark.parametrize("line, msg", [
+    ({"query": " q", "items": [], "labels": [1, 2]}, "items must be a non-empty list"),
+    ({"query": " q", "items": " a", "labels": [1, 2]}, "items must be a non-empty list"),
+    ({"query": " q", "items": [[1]], "labels": [1, 2]}, r"items\[0\] must be a non-empty text"),
+    ({"query": [1], "items": [" a"], "labels": [1, 2]}, r"items\[0\] must be a non-empty list of token ids"),
+    ({"query": [1.5], "items": [[1]], "labels": [1, 2]}, "query must be a non-empty list of token ids"),
+    ({"query": [], "items": [[1]], "labels": [1, 2]}, "query must be a non-empty"),
+    ({"query": [1], "items": [[True]], "labels": [1, 2]}, r"items\[0\] must be"),
+    ({"query": [1], "items": [[1]], "samples": [[1]], "labels": [1, 2]}, "not both"),
+    ({"query": [1], "labels": [1, 2]}, "missing field 'items'"),
+])
+def test_query_jsonl_errors_name_line_and_field(tmp_path, line, msg):
+    p = tmp_path / "bad.jsonl"
+    p.write_text(json.dumps({"id": "x", "kind": "prefill_only", **line}) + "\n")
+    with pytest.raises(ValueError, match=f"bad.jsonl:1: .*{msg}"):
+        read_jsonl(p)
