@@ -4,7 +4,9 @@ engine requests and results.
 - `POST /v1/score` (SGLang's scoring route): `query` + each of `items` is one sample (token
   lists concatenated, text joined before tokenizing, `item_first` swaps the order);
   `label_token_ids`; `apply_softmax` must be true: engines return label probabilities
-  normalised over the label tokens.
+  normalised over the label tokens. A non-empty query (query first) reaches the engine as a
+  query request (`PrefillRequest.with_query`), so an engine may compute it once; an empty
+  query, or `item_first`, sends the concatenations as plain samples.
 - `POST /generate` with `sampling_params.beam_width` W > 1: beam search of exactly
   `max_new_tokens` tokens (EOS masked); the best `n` beams (default W) come back in
   `meta_info.beam_results[]` with `output_ids`, `text` and `meta_info.sequence_score` =
@@ -23,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engines.base import BeamRequest, BeamResult, Bounds, PrefillRequest, PrefillResult, RequestRejected
 from engines.tokens import apply_bounds, check_beam
+from engines.validate import Limits, RequestChecker
 
 
 class ApiError(Exception):
@@ -116,6 +119,7 @@ class Translator:
         self.bounds = bounds
         self.allowed = allowed
         self.model_name = model_name
+        self.checker = RequestChecker(Limits(bounds, vocab_size), tokenizer)
 
     def _ids(self, what: str, ids: Sequence[int]) -> list[int]:
         bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
@@ -136,18 +140,32 @@ class Translator:
         text = isinstance(items[0], str)
         if text != isinstance(body.query, str):
             raise ApiError(400, "query and items must both be text or both be token id lists")
+        labels = self._ids("label_token_ids", body.label_token_ids)
+        if body.query and not body.item_first:
+            return self._query_request(body, items, labels, rid)
         if text:
             seqs = [self._encode(i + body.query if body.item_first else body.query + i) for i in items]
         else:
             q = self._ids("query", body.query)
             seqs = [self._ids(f"items.{k}", i) + q if body.item_first else q + self._ids(f"items.{k}", i)
                     for k, i in enumerate(items)]
-        labels = self._ids("label_token_ids", body.label_token_ids)
         try:
             seqs = apply_bounds(self.bounds, seqs, "item")
         except RequestRejected as e:
             raise ApiError(400, str(e)) from None
         return Translated(PrefillRequest(rid, seqs, labels), sum(map(len, seqs)))
+
+    def _query_request(self, body: ScoreBody, items: list, labels: list[int], rid: str) -> Translated:
+        """query + items as the engine's query request, as token ids, checked against
+        max_query_tokens, max_item_tokens and max_samples_per_request (items)."""
+        try:
+            checked = self.checker.prefill(PrefillRequest.with_query(rid, body.query, items, labels))
+        except RequestRejected as e:
+            raise ApiError(400, str(e)) from None
+        if checked.query_len == 0:  # text merged across every boundary: nothing to share
+            return Translated(PrefillRequest(rid, checked.seqs, labels), sum(map(len, checked.seqs)))
+        req = PrefillRequest.with_query(rid, checked.query, checked.items, labels)
+        return Translated(req, sum(map(len, checked.seqs)))
 
     def generate(self, body: GenerateBody, rid: str) -> Translated:
         if (body.text is None) == (body.input_ids is None):

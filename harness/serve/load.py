@@ -104,10 +104,11 @@ def write_request_pool(scenario, path: Path, n: int, base_dir: Path | None = Non
         for i in range(n):
             item, req = items[i], items[i].request
             if isinstance(req, PrefillRequest):
-                ids, labels = [encode(tok, s) for s in req.samples], label_ids(tok, req.labels)
-                line = {"route": "/v1/score", "body": json.dumps(protocol.score_body(ids, labels)),
+                query, ids = _query_items(tok, req)
+                labels = label_ids(tok, req.labels)
+                line = {"route": "/v1/score", "body": json.dumps(protocol.score_body(query, ids, labels)),
                         "items": len(ids), "labels": len(labels)}
-                tokens += sum(map(len, ids))
+                tokens += sum(len(query) + len(i) for i in ids)
             else:
                 prompt = encode(tok, req.prompt)
                 line = {"route": "/generate", "body": json.dumps(protocol.generate_body(prompt, req.beam_width,
@@ -121,6 +122,16 @@ def write_request_pool(scenario, path: Path, n: int, base_dir: Path | None = Non
         log("note: the scenario's item codes are not in the bodies (SGLang's protocol has no field for them); "
             "`bench serve` applies the scenario's codes itself, a real SGLang server does not")
     return {"requests": n, "samples_per_request": samples / n, "tokens_per_request": tokens / n}
+
+
+def _query_items(tok, req) -> tuple[list[int], list[list[int]]]:
+    """A scoring request's body parts: its query and items, or an empty query and the samples."""
+    from engines.tokens import encode
+    from engines.validate import split_query
+
+    if req.has_query:
+        return split_query(tok, req.query, req.items)
+    return [], [encode(tok, s) for s in req.samples]
 
 
 def _free_port() -> int:

@@ -108,7 +108,7 @@ class ServerMetrics:
             return
         self.latency.labels(route).observe(seconds)
         req = t.request
-        self.samples.labels(route).observe(len(req.samples) if route == "/v1/score" else req.beam_width)
+        self.samples.labels(route).observe(req.num_samples if route == "/v1/score" else req.beam_width)
         for name, ms in (getattr(result, "stages", None) or {}).items():
             self.stage.labels(name).observe(ms / 1e3)
 

@@ -1,0 +1,47 @@
+"""`/v1/score` bodies -> engine requests (harness.serve.api.Translator), without a server."""
+import pytest
+
+from engines.base import Bounds
+from harness.serve.api import ApiError, ScoreBody, Translator
+
+
+@pytest.fixture
+def translator(tokenizer):
+    return Translator(tokenizer, 151936, Bounds(max_samples_per_request=3, max_prompt_tokens=16,
+                                                 max_query_tokens=4, max_item_tokens=3))
+
+
+def _body(**kw):
+    return ScoreBody(**{"label_token_ids": [1, 2], "apply_softmax": True, **kw})
+
+
+def test_a_query_becomes_a_query_request(translator, tokenizer):
+    t = translator.score(_body(query=[5, 6, 7], items=[[8], [9, 10]]), "r")
+    req = t.request
+    assert req.has_query and (req.query, req.items, req.samples) == ([5, 6, 7], [[8], [9, 10]], ())
+    assert t.prompt_tokens == 4 + 5  # usage counts each concatenation
+    t = translator.score(_body(query=" is it", items=[" a cat", " red"]), "r")
+    enc = lambda s: tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
+    assert [t.request.query + i for i in t.request.items] == [enc(" is it a cat"), enc(" is it red")]
+
+
+def test_no_query_or_item_first_sends_plain_samples(translator):
+    req = translator.score(_body(query=[], items=[[8], [9, 10]]), "r").request
+    assert not req.has_query and req.samples == [[8], [9, 10]]
+    req = translator.score(_body(query=[5], items=[[8]], item_first=True), "r").request
+    assert not req.has_query and req.samples == [[8, 5]]
+
+
+@pytest.mark.parametrize("body, msg", [
+    (dict(query=[1, 2, 3, 4, 5], items=[[8]]), "query: 5 tokens > max_query_tokens 4"),
+    (dict(query=[1], items=[[8], [8, 9, 10, 11]]), r"items\.1: 4 tokens > max_item_tokens 3"),
+    (dict(query=[1], items=[[8]] * 4), "items: 4 items > max_samples_per_request 3"),
+    (dict(query=[1], items=[[8], []]), r"items\.1: empty"),
+    (dict(query=[1], items=[[151936]]), r"items\.0: token id 151936 outside"),
+    (dict(query=[-1], items=[[5]]), "query: token id -1 outside"),
+    (dict(query=" q", items=[" a", ""]), r"items\.1: empty"),
+])
+def test_query_bodies_are_checked_against_the_bounds(translator, body, msg):
+    with pytest.raises(ApiError, match=msg) as e:
+        translator.score(_body(**body), "r")
+    assert e.value.status == 400
