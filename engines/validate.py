@@ -191,18 +191,23 @@ class RequestChecker:
         return CheckedPrefill(req.id, [query + item for item in item_ids], labels, len(query))
 
     def _items_list(self, items: Any, text: bool) -> Sequence[Any]:
-        name, b = self.names.items, self.limits.bounds
-        if isinstance(items, (str, bytes)) or not isinstance(items, Sequence):
-            raise RequestRejected(f"{name}: expected a list of items ({'text' if text else 'token id lists'}, "
-                                  f"like the {self.names.query}), got {type(items).__name__}")
-        if not items:
-            raise RequestRejected(f"{name}: need at least one item")
+        kind = f"{'text' if text else 'token id lists'}, like the {self.names.query}"
+        return self._listed(items, self.names.items, "item", kind)
+
+    def _listed(self, values: Any, name: str, what: str, kind: str) -> Sequence[Any]:
+        """A non-empty list of samples or items, cut to max_samples_per_request when
+        truncating (never past MAX_SAMPLES)."""
+        b = self.limits.bounds
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+            raise RequestRejected(f"{name}: expected a list of {what}s ({kind}), got {type(values).__name__}")
+        if not values:
+            raise RequestRejected(f"{name}: need at least one {what}")
         cap = min(b.max_samples_per_request, MAX_SAMPLES)
-        if len(items) > cap:
-            if b.on_violation != "truncate" or len(items) > MAX_SAMPLES:
-                raise RequestRejected(f"{name}: {len(items)} items > max_samples_per_request {cap}")
-            items = items[:cap]
-        return items
+        if len(values) > cap:
+            if b.on_violation != "truncate" or len(values) > MAX_SAMPLES:
+                raise RequestRejected(f"{name}: {len(values)} {what}s > max_samples_per_request {cap}")
+            values = values[:cap]
+        return values
 
     def _pieces(self, pieces: list[Any], text: bool) -> None:
         """The query (pieces[0]) and each item: all non-empty text, or all token id lists."""
@@ -271,16 +276,7 @@ class RequestChecker:
 
     def _samples(self, samples: Any) -> list[list[int]]:
         name, b = self.names.samples, self.limits.bounds
-        if isinstance(samples, (str, bytes)) or not isinstance(samples, Sequence):
-            raise RequestRejected(f"{name}: expected a list of samples (text or token id lists), "
-                                  f"got {type(samples).__name__}")
-        if not samples:
-            raise RequestRejected(f"{name}: need at least one sample")
-        cap = min(b.max_samples_per_request, MAX_SAMPLES)
-        if len(samples) > cap:
-            if b.on_violation != "truncate" or len(samples) > MAX_SAMPLES:
-                raise RequestRejected(f"{name}: {len(samples)} samples > max_samples_per_request {cap}")
-            samples = samples[:cap]
+        samples = self._listed(samples, name, "sample", "text or token id lists")
         seqs = self._encode_all(samples, name)
         return [self._fit(s, f"{name}.{k}", b.max_prompt_tokens) if s is not None else []
                 for k, s in enumerate(seqs)]
