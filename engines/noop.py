@@ -11,8 +11,12 @@ class NoopEngine(Engine):
     takes_query_requests = True  # the checker gives a query request's concatenations
     computes = False
 
+    def __init__(self, config):
+        super().__init__(config)
+        self.checker = RequestChecker(Limits.for_model(config.model_dir, config.bounds))
+
     def start(self) -> None:
-        self.checker = RequestChecker(Limits.for_model(self.config.model_dir, self.config.bounds))
+        pass
 
     def describe(self) -> dict:
         return {**super().describe(), "version": "1"}

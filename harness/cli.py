@@ -13,7 +13,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.scenario import ScenarioError, load_scenario
+from harness.scenario import DEVICE, ScenarioError, load_scenario, select_engines
+
+DTYPES = ("float32", "bfloat16", "float16")
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Benchmark bounded-generation engines (bounded, hf, sglang, noop) on one scenario.")
@@ -22,14 +24,25 @@ out = Console(width=None if sys.stdout.isatty() else 120)
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _fail(msg: str, code: int = 2) -> None:
+EXIT_BAD_INPUT = 2  # a bad scenario, flag or input file: nothing ran
+EXIT_SHORT = 3  # it ran, but an engine was skipped, failed to start, died, or measured nothing
+
+
+def _fail(msg: str, code: int = EXIT_BAD_INPUT) -> None:
     console.print("[red]error:[/red] " + escape(msg), highlight=False)
     raise typer.Exit(code)
 
 
-def _scenario(path: Path):
+def _scenario(path: Path, check: bool = True, **for_run):
+    """The scenario at `path`, checked whole (harness.preflight) for a run with `for_run`'s
+    engines, device and overrides; a bad one exits 2 with its message."""
     try:
-        return load_scenario(path)
+        sc = load_scenario(path)
+        if check:
+            from harness.preflight import check_scenario
+
+            check_scenario(sc, path, **for_run)
+        return sc
     except ScenarioError as e:
         _fail(str(e))
 
@@ -66,29 +79,25 @@ def run(
 ) -> None:
     """Run SCENARIO against its engines; write results.csv, requests.csv, run.json, outputs.jsonl, report.html."""
     from harness.report import write_all
-    from harness.runner import Overrides, run_scenario
+    from harness.runner import Overrides, run_scenario, shortfalls
 
-    sc = _scenario(scenario)
-    run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{sc.name}"
-    folder = out_dir or Path("reports") / run_id
     ov = Overrides(engines=engine or [], requests=requests, duration_s=duration, device=device,
                    peak_tflops=peak_tflops, concurrency=concurrency or None, rate=rate or None,
                    find_max_qps=find_max_qps)
-    from harness.runner import chosen_specs
-
-    names = [s.title for s in chosen_specs(sc, ov.engines)]
+    sc = _scenario(scenario, engines=ov.engines or None, device=device, overrides=ov)
+    run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{sc.name}"
+    folder = out_dir or Path("reports") / run_id
+    names = [s.title for s in select_engines(sc, ov.engines)]
     if baseline is not None and baseline not in names:
         _fail(f"--baseline {baseline!r} is not an engine of this run; engines: {', '.join(names)}")
-    ctx = {"run_id": run_id, "scenario_path": str(scenario), "scenario_text": scenario.read_text(),
+    ctx = {"run_id": run_id, "scenario_path": str(scenario), "scenario_text": scenario.read_text("utf-8-sig"),
            "command": sys.argv, "baseline": baseline}
     log = lambda m: console.print(m, highlight=False, markup=False)  # noqa: E731
     # write after every engine, so an interrupted or crashed run keeps what it measured
-    from engines.registry import UnknownEngine
-
     try:
         result = run_scenario(sc, ov, base_dir=scenario.parent, log=log, progress=_Progress(console),
                               on_engine_done=lambda r: write_all(r, folder, ctx))
-    except (UnknownEngine, ValueError, OSError) as e:
+    except (ValueError, OSError) as e:
         _fail(str(e))
     paths = write_all(result, folder, ctx)
     _print_summary(result)
@@ -98,6 +107,11 @@ def run(
     console.print(f"report: {folder / 'report.html'}", highlight=False)
     if result.interrupted:
         raise typer.Exit(130)
+    short = shortfalls(result)
+    if short:  # exit 3: a CI job must be able to tell that an engine did not run
+        for line in short:
+            console.print("[red]not measured:[/red] " + escape(line), highlight=False)
+        raise typer.Exit(EXIT_SHORT)
 
 
 def _print_summary(result) -> None:
@@ -151,14 +165,24 @@ def infer(
     option: Optional[List[str]] = typer.Option(None, "--option", help="Engine option KEY=VALUE (value parsed as JSON if it can be)."),
 ) -> None:
     """Run the requests of a JSONL file through one engine and write its answers."""
-    from harness.infer import infer_file
+    from engines.base import EngineUnavailable
+    from harness.infer import InferInputError, infer_file
 
+    if dtype not in DTYPES:
+        _fail(f"--dtype {dtype}: choose one of {', '.join(DTYPES)}")
+    if not DEVICE.match(device):
+        _fail(f"--device {device}: not a device; give cpu, cuda or cuda:N")
     try:
         n, errors = infer_file(engine, model, input, output, dtype=dtype, device=device, options=_kv_options(option),
                                log=lambda m: console.print(m, highlight=False, markup=False))
-    except (ValueError, OSError) as e:
+    except (InferInputError, ScenarioError, OSError) as e:
         _fail(str(e))
-    console.print(f"wrote {n} results to {output}" + (f" ({errors} errors)" if errors else ""))
+    except EngineUnavailable as e:
+        _fail(f"engine {engine} cannot run here: {e}", EXIT_SHORT)
+    console.print(f"wrote {n} results to {output}" + (f" ({errors} errors: lines with an \"error\" field)"
+                                                         if errors else ""))
+    if errors:
+        raise typer.Exit(EXIT_SHORT)
 
 
 @app.command()
@@ -170,7 +194,7 @@ def scenarios(folder: Path = typer.Argument(REPO / "scenarios", help="Folder of 
     t.add_column("description")
     for path in sorted(folder.glob("*.yaml")):
         try:
-            sc = load_scenario(path)
+            sc = load_scenario(path)  # the file alone: listing should not load every model
             t.add_row(path.name, sc.name, sc.model, sc.task.kind, sc.description)
         except ScenarioError as e:
             t.add_row(path.name, "[red]invalid[/red]", "", "", str(e).splitlines()[-1].strip())
@@ -215,7 +239,9 @@ def serve(
     from engines.registry import UnknownEngine
     from harness.serve.server import ServeOptions, bind, build_server, run as run_server
 
-    sc = _scenario(scenario)
+    if not 0 <= port <= 65535:
+        _fail(f"--port {port}: give 0..65535 (0 picks a free port)")
+    sc = _scenario(scenario, engines=[engine], device=device, engine_options=_kv_options(option))
     try:
         sock = bind(host, port)
         server = build_server(sc, engine, ServeOptions(concurrency, max_queue, max_body_bytes), device=device,
@@ -243,7 +269,7 @@ def load(
     """Load-test a server with Locust (headless); write results.csv and run.json."""
     from harness.serve.load import LoadSpec, parse_duration, run_load
 
-    sc = _scenario(scenario)
+    sc = _scenario(scenario, engines=[])
     folder = out_dir or Path("reports") / (time.strftime("%Y%m%d-%H%M%S") + f"-{sc.name}-locust")
     try:
         spec = LoadSpec(host.rstrip("/"), users, spawn_rate, parse_duration(run_time), workers, pool)
@@ -270,7 +296,7 @@ def soak(
     """Serve an engine, find its capacity, run at a fraction of it; report errors and memory growth."""
     from harness.serve.soak import SoakSpec, run_soak, write_soak
 
-    sc = _scenario(scenario)
+    sc = _scenario(scenario, engines=[engine])
     log = lambda m: console.print(m, highlight=False, markup=False)  # noqa: E731
     try:
         spec = SoakSpec(minutes, fraction, window, concurrency)
@@ -302,7 +328,7 @@ def compile(
     from harness.runner import engine_config
     from harness.scenario import EngineSpec
 
-    sc = _scenario(scenario)
+    sc = _scenario(scenario, engines=["bounded"], device=device)
     spec = next((e for e in sc.engines if e.name == "bounded"), EngineSpec(name="bounded"))
     model_dir = resolve_model(sc.model, lambda m: console.print(m, highlight=False, markup=False))
     status = BoundedEngine(engine_config(sc, spec, model_dir, device or sc.device)).compile()

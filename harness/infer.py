@@ -1,41 +1,46 @@
-"""`bench infer`: requests from a JSONL file through one engine, answers to a JSONL file.
-The engine's bounds are sized from the input (a query request's query and items by their
-own bounds, max_query_tokens and max_item_tokens)."""
+"""`bench infer`: requests from a JSONL file through one engine, answers to a JSONL file, one
+output line per input line, in order.
+
+Each line is judged alone: a line that is not a request, or that the shared request check
+(`engines.validate`) refuses under hard caps (the model's positions, the largest widths an
+engine can plan for), becomes `{"id", "line", "error"}`; the engine's bounds are sized from
+the lines that pass (a query request's query and items by their own bounds, max_query_tokens
+and max_item_tokens), so one absurd line cannot size the engine's buffers; every good line is
+answered as if it were alone.
+"""
 from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from engines.base import (BeamRequest, BeamResult, Bounds, EngineConfig, PrefillRequest, Request,
-                          RequestRejected, Result)
-from engines.registry import create_engine
-from engines.tokens import encode
-from engines.validate import split_query
+from engines.base import BeamResult, Bounds, EngineConfig, Request, Result
+from engines.registry import create_engine, engine_class
+from engines.validate import (MAX_BEAM_WIDTH, MAX_DECODE_STEPS, MAX_SAMPLES, CheckedBeam, CheckedPrefill, Limits,
+                              RequestChecker)
 from harness.presets import resolve_model
-from harness.workload import load_tokenizer, read_jsonl
+from harness.scenario import MAX_PROMPT_TOKENS, MAX_REQUEST_TOKENS
+from harness.workload import LineError, read_lines
 
 
-def bounds_for(requests: list[Request], tokenizer: Any) -> Bounds:
-    scoring = [r for r in requests if isinstance(r, PrefillRequest)]
-    beams = [r for r in requests if isinstance(r, BeamRequest)]
-    prompts = [s for r in scoring if not r.has_query for s in r.samples] + [r.prompt for r in beams]
-    splits = []
-    for r in scoring:
-        if r.has_query:
-            try:
-                splits.append(split_query(tokenizer, r.query, r.items))
-            except (RequestRejected, TypeError, ValueError):
-                pass  # malformed: the engine answers this one with its error
-    return Bounds(
-        max_samples_per_request=max([r.num_samples for r in scoring], default=1),
-        max_prompt_tokens=max([len(encode(tokenizer, s)) for s in prompts], default=1),
-        max_beam_width=max([r.beam_width for r in beams], default=1),
-        max_decode_steps=max([r.decode_steps for r in beams], default=1),
-        max_query_tokens=max([len(q) for q, _ in splits], default=1),
-        max_item_tokens=max([len(i) for _, items in splits for i in items], default=1),
-    )
+class InferInputError(ValueError):
+    """The input as a whole is unusable (no lines, a bad flag or option): nothing ran."""
+
+
+@dataclass
+class Line:
+    number: int
+    id: Any  # as given in the file (None when the line has none that can be read)
+    request: Request | None = None
+    error: str = ""
+    answer: dict[str, Any] | None = None
+
+    def output(self) -> dict[str, Any]:
+        if self.error:
+            return {"id": self.id, "line": self.number, "error": self.error}
+        return {"id": self.id, **(self.answer or {})}
 
 
 def result_line(result: Result) -> dict[str, Any]:
@@ -45,34 +50,88 @@ def result_line(result: Result) -> dict[str, Any]:
     return {"id": result.id, "scores": result.scores}
 
 
+def read_input(path: Path) -> list[Line]:
+    try:
+        lines = [Line(n, rid, None if isinstance(req, LineError) else req,
+                      f"line {n}: {req.reason}" if isinstance(req, LineError) else "")
+                 for n, rid, req in read_lines(path)]
+    except OSError as e:
+        raise InferInputError(f"{path}: cannot read ({e.strerror})") from None
+    if not lines:
+        raise InferInputError(f"{path}: no requests (every line is blank)")
+    return lines
+
+
+def caps_checker(model_dir: str, tokenizer: Any) -> RequestChecker:
+    """The shared check under the hard caps a line must meet before it may size the bounds."""
+    facts = Limits.for_model(model_dir, Bounds())
+    positions = facts.max_positions or MAX_PROMPT_TOKENS
+    caps = Bounds(max_samples_per_request=MAX_SAMPLES, max_prompt_tokens=positions, max_beam_width=MAX_BEAM_WIDTH,
+                  max_decode_steps=MAX_DECODE_STEPS, max_query_tokens=positions, max_item_tokens=positions)
+    return RequestChecker(Limits(caps, facts.vocab, facts.max_positions, facts.eos), tokenizer)
+
+
+def screen(lines: list[Line], checker: RequestChecker) -> Bounds:
+    """Mark the lines the caps refuse; -> bounds sized from the lines that pass."""
+    samples, tokens, width, steps, query, item = 1, 1, 1, 1, 1, 1
+    for line in lines:
+        if line.request is None:
+            continue
+        try:
+            checked = checker.check(line.request)
+        except Exception as e:  # RequestRejected, or a tokenizer that chokes on the text
+            line.error = f"line {line.number}: {e}"
+            continue
+        seqs = checked.seqs if isinstance(checked, CheckedPrefill) else [checked.prompt]
+        if sum(map(len, seqs)) > MAX_REQUEST_TOKENS:
+            line.error = f"line {line.number}: {sum(map(len, seqs)):,} tokens in one request > {MAX_REQUEST_TOKENS:,}"
+            continue
+        samples = max(samples, len(seqs))
+        if isinstance(checked, CheckedBeam):
+            width, steps = max(width, checked.beam_width), max(steps, checked.decode_steps)
+        if isinstance(checked, CheckedPrefill) and checked.query_len:
+            query, item = max(query, checked.query_len), max(item, max(map(len, checked.items)))
+        else:
+            tokens = max(tokens, max(map(len, seqs)))
+    return Bounds(max_samples_per_request=samples, max_prompt_tokens=tokens, max_beam_width=width,
+                  max_decode_steps=steps, max_query_tokens=query, max_item_tokens=item)
+
+
 def infer_file(engine_name: str, model: str, input: Path, output: Path, *, dtype: str = "float32",
                device: str = "cpu", options: dict | None = None, log: Callable[[str], None] = print) -> tuple[int, int]:
-    requests = read_jsonl(input)
-    if not requests:
-        raise ValueError(f"{input}: no requests")
-    model_dir = resolve_model(model, log)
-    kinds = {r.kind for r in requests}
-    cfg = EngineConfig(Path(model_dir), dtype, device, bounds_for(requests, load_tokenizer(model_dir)),
-                       kinds.pop() if len(kinds) == 1 else None, options or {})
-    engine = create_engine(engine_name, cfg)
-    engine.start()
-    errors = 0
+    """-> (lines written, lines that are errors). Raises InferInputError when nothing can run."""
+    from harness.preflight import model_facts
+    from harness.workload import load_tokenizer
+
+    options = options or {}
     try:
-        lines = asyncio.run(_answer_all(engine, requests))
-    finally:
-        engine.stop()
+        engine_class(engine_name).check_options(options)
+    except (TypeError, ValueError) as e:
+        raise InferInputError(f"--option: {e}") from None
+    lines = read_input(input)
+    facts = model_facts(model, "--model")  # a typo'd preset is an error, not a hub download
+    model_dir = resolve_model(model, log)
+    bounds = screen(lines, caps_checker(model_dir, facts.tokenizer or load_tokenizer(model_dir)))
+    todo = [line for line in lines if not line.error]
+    if todo:
+        kinds = {line.request.kind for line in todo}
+        cfg = EngineConfig(Path(model_dir), dtype, device, bounds, kinds.pop() if len(kinds) == 1 else None, options)
+        engine = create_engine(engine_name, cfg)
+        engine.start()
+        try:
+            asyncio.run(_answer_all(engine, todo))
+        finally:
+            engine.stop()
     with open(output, "w") as f:
         for line in lines:
-            errors += "error" in line
-            f.write(json.dumps(line) + "\n")
-    return len(lines), errors
+            f.write(json.dumps(line.output()) + "\n")
+    return len(lines), sum(bool(line.error) for line in lines)
 
 
-async def _answer_all(engine, requests: list[Request]) -> list[dict[str, Any]]:
-    lines = []
-    for req in requests:
+async def _answer_all(engine, lines: list[Line]) -> None:
+    for line in lines:  # one at a time: each answered as if alone
         try:
-            lines.append(result_line(await engine.submit(req)))
+            line.answer = result_line(await engine.submit(line.request))
+            line.answer.pop("id")
         except Exception as e:  # a bad request gets an error line; the rest still run
-            lines.append({"id": req.id, "error": f"{type(e).__name__}: {e}"})
-    return lines
+            line.error = f"line {line.number}: {type(e).__name__}: {e}"

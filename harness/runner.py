@@ -9,15 +9,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from engines.base import Bounds, EngineConfig, EngineDied, EngineUnavailable
-from engines.registry import ENGINES, UnknownEngine, create_engine
+from engines.base import EngineConfig, EngineDied, EngineUnavailable
+from engines.registry import create_engine
 from harness.flops import ModelShape
 from harness.loadgen import no_progress, LoadPoint
 from harness.loadmodes import LoadOverrides, load_mode
 from harness.metrics import P99_MIN_REQUESTS, PointMetrics, summarise, warnings_for
 from harness.presets import resolve_model
-from harness.scenario import BeamTask, EngineSpec, Scenario, Slo
-from harness.workload import Shifted, build_workload, load_tokenizer
+from harness.scenario import EngineSpec, Scenario, Slo, revalidated, select_engines
+from harness.workload import Shifted, build_workload, load_tokenizer, scenario_bounds
 
 
 @dataclass
@@ -72,10 +72,14 @@ class RunResult:
         return out
 
 
+FLAGS = {"requests": "--requests", "duration_s": "--duration", "concurrency": "--concurrency", "rate": "--rate"}
+
+
 def effective_load(scenario: Scenario, ov: Overrides, device: str, log: Callable[[str], None]):
     """The scenario's load with CPU limits and command-line overrides applied."""
     load = scenario.load
     upd: dict[str, Any] = {}
+    names: dict[str, str] = {}
     cpu = scenario.cpu if device == "cpu" else None
     if cpu is not None:
         cpu_upd = {k: v for k, v in cpu.model_dump().items() if v is not None and k in type(load).model_fields}
@@ -84,19 +88,16 @@ def effective_load(scenario: Scenario, ov: Overrides, device: str, log: Callable
                 + ", ".join(f"{k}={v}" for k, v in cpu_upd.items()) + "), fewer requests than on a GPU; "
                 "command-line flags override")
             upd.update(cpu_upd)
-    upd.update(load_mode(load).override(load, LoadOverrides(ov.requests, ov.duration_s, ov.concurrency, ov.rate),
-                                        log))
-    return load.model_copy(update=upd)
+            names.update({k: f"field cpu.{k}" for k in cpu_upd})
+    flags = load_mode(load).override(load, LoadOverrides(ov.requests, ov.duration_s, ov.concurrency, ov.rate), log)
+    upd.update(flags)
+    names.update({k: FLAGS.get(k, f"field load.{k}") for k in flags})
+    return revalidated(load, upd, names, "the run's load (scenario, cpu limits, command line)", "load.")
 
 
 def engine_config(scenario: Scenario, spec: EngineSpec, model_dir: str, device: str) -> EngineConfig:
-    b, task = scenario.bounds, scenario.task
-    bounds = Bounds(max_samples_per_request=b.max_samples_per_request, max_prompt_tokens=b.max_prompt_tokens,
-                    on_violation=b.on_violation, max_query_tokens=b.max_query_tokens or b.max_prompt_tokens,
-                    max_item_tokens=b.max_item_tokens or b.max_prompt_tokens,
-                    max_beam_width=task.beam_width if isinstance(task, BeamTask) else 1,
-                    max_decode_steps=task.decode_steps if isinstance(task, BeamTask) else 1)
-    return EngineConfig(Path(model_dir), scenario.dtype, device, bounds, task.kind, spec.options)
+    return EngineConfig(Path(model_dir), scenario.dtype, device, scenario_bounds(scenario), scenario.task.kind,
+                        spec.options)
 
 
 async def drive(engine, items, load, seed: int, progress, points: list[LoadPoint]) -> int:
@@ -138,6 +139,10 @@ def run_engine(er: EngineRun, spec: EngineSpec, cfg: EngineConfig, items, load, 
         er.skipped = str(e)
         log(f"[{spec.name}] skipped: {e}")
         return
+    except Exception as e:  # a broken engine ends its own part of the run, not the run
+        er.failed = f"could not be created: {type(e).__name__}: {e}"
+        log(f"[{spec.name}] failed: {er.failed}")
+        return
     log(f"[{spec.name}] starting ...")
     t = time.perf_counter()
     try:
@@ -145,6 +150,12 @@ def run_engine(er: EngineRun, spec: EngineSpec, cfg: EngineConfig, items, load, 
     except EngineUnavailable as e:
         er.skipped = str(e)
         log(f"[{spec.name}] skipped: {e}")
+        _stop_quietly(engine, log)
+        return
+    except Exception as e:
+        er.failed = f"failed to start: {type(e).__name__}: {e}"
+        log(f"[{spec.name}] {er.failed}")
+        _stop_quietly(engine, log)
         return
     er.start_s = time.perf_counter() - t
     er.describe = engine.describe()
@@ -163,15 +174,37 @@ def run_engine(er: EngineRun, spec: EngineSpec, cfg: EngineConfig, items, load, 
         log(f"[{spec.name}] failed: {er.failed}")
     finally:
         er.points = [(p, summarise(p, shape, peak if engine.computes else float("nan"))) for p in points]
+        _stop_quietly(engine, log)
+
+
+def _stop_quietly(engine, log) -> None:
+    try:
         engine.stop()
+    except Exception as e:  # noqa: BLE001 - the start failure is the news; this is a footnote
+        log(f"[{engine.name}] stopping after the failed start also failed: {type(e).__name__}: {e}")
+
+
+def shortfalls(result: RunResult) -> list[str]:
+    """Why the run falls short of "every engine asked for started and measured at least one
+    request" (empty when it does): what `bench run` turns into exit code 3."""
+    out = []
+    for er in result.engines:
+        measured = sum(m.ok for _, m in er.points)
+        if er.skipped:
+            out.append(f"{er.name}: skipped ({er.skipped})")
+        elif er.failed:
+            after = f" (after {measured} measured request{'s' * (measured != 1)})" if measured else ""
+            out.append(f"{er.name}: {er.failed}{after}")
+        elif not measured:
+            errs = [m for _, m in er.points]
+            why = (f"{sum(m.errors for m in errs)} errors, {sum(m.rejected for m in errs)} rejected, "
+                   f"{sum(m.timeouts for m in errs)} timeouts") if errs else "no load points"
+            out.append(f"{er.name}: measured no successful request ({why})")
+    return out
 
 
 def run_scenario(scenario: Scenario, ov: Overrides, *, base_dir: Path | None = None,
                  log: Callable[[str], None] = print, progress=None, on_engine_done=None) -> RunResult:
-    labels = {s.label for s in scenario.engines}
-    unknown = [n for n in ov.engines + [s.name for s in scenario.engines] if n not in ENGINES and n not in labels]
-    if unknown:
-        raise UnknownEngine(f"unknown engine {unknown[0]!r}; known engines: {', '.join(sorted(ENGINES))}")
     if ov.find_max_qps and scenario.slo.mean_ms is None and scenario.slo.p99_ms is None:
         raise ValueError(f"--find-max-qps needs an slo (mean_ms and/or p99_ms) in scenario {scenario.name!r}")
     device = ov.device or scenario.device
@@ -187,7 +220,7 @@ def run_scenario(scenario: Scenario, ov: Overrides, *, base_dir: Path | None = N
     result = RunResult(scenario, model_dir, device, peak, source)
     load = effective_load(scenario, ov, device, lambda m: (result.notes.append(m), log(m)))
     items = build_workload(scenario, load_tokenizer(model_dir), base_dir)
-    specs = chosen_specs(scenario, ov.engines)
+    specs = select_engines(scenario, ov.engines)
     progress = progress or no_progress
     try:
         for spec in specs:
@@ -203,18 +236,6 @@ def run_scenario(scenario: Scenario, ov: Overrides, *, base_dir: Path | None = N
         log("interrupted: keeping what was measured")
     return result
 
-
-
-def chosen_specs(scenario: Scenario, names: list[str]) -> list[EngineSpec]:
-    """The scenario's engine entries, or those the command line names: `--engine X` takes
-    every entry whose name or label is X (with its options), else a plain X."""
-    if not names:
-        return list(scenario.engines)
-    specs: list[EngineSpec] = []
-    for n in names:
-        found = [s for s in scenario.engines if n in (s.name, s.label)] or [EngineSpec(name=n)]
-        specs += [s for s in found if s not in specs]
-    return specs
 
 
 def model_shape(model: str) -> ModelShape:

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator
 
 import numpy as np
 
-from engines.base import BeamRequest, PrefillRequest, Request
-from engines.validate import split_query
+from engines.base import BeamRequest, Bounds as EngineBounds, PrefillRequest, Request, RequestRejected
+from engines.validate import MAX_BEAM_WIDTH, MAX_DECODE_STEPS, CheckedPrefill, Limits, RequestChecker
 from harness.scenario import BeamTask, PrefillTask, Scenario, TokenDist
 
 
@@ -104,10 +104,17 @@ class SyntheticWorkload:
         if isinstance(task, PrefillTask):
             lengths = tuple(draw_length(rng, wl.prompt_tokens) for _ in range(wl.samples_per_request))
             samples = [self.maker.text(rng, n) for n in lengths]
-            return WorkItem(PrefillRequest(rid, samples, list(task.labels)), lengths)
+            return WorkItem(PrefillRequest(rid, samples, list(task.labels)), self._counted(lengths))
         n = draw_length(rng, wl.prompt_tokens)
         req = BeamRequest(rid, self.maker.text(rng, n), task.beam_width, task.decode_steps, self.allowed)
-        return WorkItem(req, (n,))
+        return WorkItem(req, self._counted((n,)))
+
+    def _counted(self, lengths: tuple[int, ...]) -> tuple[int, ...]:
+        """Valid tokens as the engines see them (cut to the bounds when they truncate)."""
+        b = self.scenario.bounds
+        if b.on_violation != "truncate":
+            return lengths
+        return tuple(min(n, b.max_prompt_tokens) for n in lengths[: b.max_samples_per_request])
 
     def _query_request(self, rid: str, rng: np.random.Generator) -> WorkItem:
         # words are single tokens with a leading space, so query + item tokenizes as the
@@ -119,74 +126,136 @@ class SyntheticWorkload:
         query = self.maker.text(rng, q)
         items = [self.maker.text(rng, n) for n in lengths]
         req = PrefillRequest.with_query(rid, query, items, list(self.scenario.task.labels))
+        b = scenario_bounds(self.scenario)
+        if b.on_violation == "truncate":  # counted as the engines see them
+            q, lengths = min(q, b.max_query_tokens), [min(n, b.max_item_tokens) for n in lengths]
+            lengths = lengths[: b.max_samples_per_request]
         return WorkItem(req, tuple(q + n for n in lengths), q)
 
 
-def parse_request(obj: dict[str, Any], where: str) -> Request:
-    """One JSONL line (the `bench infer` input format) -> a request."""
+class LineError(ValueError):
+    """One JSONL line that is not a request; the message names the line and the field."""
+
+    def __init__(self, where: str, reason: str, id: Any = None):
+        super().__init__(f"{where}: {reason}")
+        self.reason, self.id = reason, id  # the line's id, when it has one that can be read
+
+
+FIELDS = {  # kind -> (required, optional) fields; a prefill_only line has samples, or query + items
+    "prefill_only": ({"kind", "labels"}, {"id", "samples", "query", "items"}),
+    "beam_search": ({"kind", "prompt", "beam_width", "decode_steps"}, {"id", "allowed"}),
+}
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"field {k!r} appears twice")
+        out[k] = v
+    return out
+
+
+def parse_line(raw: bytes, where: str) -> tuple[Any, Request]:
+    """One JSONL line (the `bench infer` input format) -> (its id as given, a request), or
+    LineError. Field types and values are left to the engines' shared check
+    (`engines.validate`), so a line and an HTTP body are judged alike."""
     try:
-        kind, rid = obj["kind"], str(obj.get("id", where))
-        if kind == "prefill_only" and "query" in obj:
-            return _query_request(obj, rid, where)
-        if kind == "prefill_only":
-            return PrefillRequest(rid, list(obj["samples"]), list(obj["labels"]))
-        if kind == "beam_search":
-            allowed = obj.get("allowed")
-            return BeamRequest(rid, obj["prompt"], int(obj["beam_width"]), int(obj["decode_steps"]),
-                               tuple(tuple(c) for c in allowed) if allowed else None)
-    except KeyError as e:
-        raise ValueError(f"{where}: missing field {e.args[0]!r}") from None
-    raise ValueError(f"{where}: unknown kind {obj.get('kind')!r}; kinds: prefill_only, beam_search")
+        obj = json.loads(raw.decode("utf-8"), parse_constant=_no_constant, object_pairs_hook=_no_repeats)
+    except UnicodeDecodeError as e:
+        raise LineError(where, f"not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
+    except ValueError as e:  # JSONDecodeError included
+        raise LineError(where, f"not valid JSON: {getattr(e, 'msg', e)}") from None
+    except RecursionError:
+        raise LineError(where, "not valid JSON: nested too deeply") from None
+    return parse_request(obj, where)
 
 
-def _query_request(obj: dict[str, Any], rid: str, where: str) -> PrefillRequest:
-    """{"query": text | [ids], "items": [text | [ids], ...], "labels": [...]}: no samples."""
-    if "samples" in obj:
-        raise ValueError(f"{where}: give samples, or query + items, not both")
-    query, items = obj["query"], obj["items"]
-    if not isinstance(items, list) or not items:
-        raise ValueError(f"{where}: items must be a non-empty list of texts or token id lists")
-    text = isinstance(query, str)
-    for k, piece in enumerate([query] + items):
-        ok = isinstance(piece, str) if text else (
-            isinstance(piece, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in piece))
-        if not ok or not piece:
-            what = "query" if k == 0 else f"items[{k - 1}]"
-            raise ValueError(f"{where}: {what} must be a non-empty " + ("text (the query is text)" if text
-                             else "list of token ids (the query is token ids)"))
-    return PrefillRequest.with_query(rid, query, items, list(obj["labels"]))
+def parse_request(obj: Any, where: str) -> tuple[Any, Request]:
+    if not isinstance(obj, dict):
+        raise LineError(where, f"a line must be one JSON object, got {type(obj).__name__}")
+    rid = obj.get("id")
+    if rid is not None and (isinstance(rid, bool) or not isinstance(rid, (str, int))):
+        raise LineError(where, f"field id: a string or an integer, got {json.dumps(rid)[:40]}")
+    name = str(rid) if rid is not None else where
+    kind = obj.get("kind")
+    if kind not in FIELDS:
+        raise LineError(where, f"field kind: {json.dumps(kind)[:40] if 'kind' in obj else 'missing'}; "
+                        f"kinds: {', '.join(FIELDS)}", rid)
+    required, optional = FIELDS[kind]
+    missing = sorted(required - set(obj))
+    unknown = sorted(set(obj) - required - optional)
+    if missing:
+        raise LineError(where, f"missing field {missing[0]!r} ({kind} needs {', '.join(sorted(required))})", rid)
+    if unknown:
+        raise LineError(where, f"unknown field {unknown[0]!r}; a {kind} line has "
+                        f"{', '.join(sorted(required | optional))}", rid)
+    if kind == "prefill_only":
+        return rid, _prefill_request(obj, name, where, rid)
+    allowed = obj.get("allowed")
+    if isinstance(allowed, list):  # one shared, hashable object per line
+        allowed = tuple(tuple(c) if isinstance(c, list) else c for c in allowed)
+    return rid, BeamRequest(name, obj["prompt"], obj["beam_width"], obj["decode_steps"], allowed)
+
+
+def _prefill_request(obj: dict[str, Any], name: str, where: str, rid: Any) -> PrefillRequest:
+    """{"samples": [...], "labels": [...]} or {"query": text | [ids], "items": [...], "labels": [...]}."""
+    query = "query" in obj or "items" in obj
+    if query and "samples" in obj:
+        raise LineError(where, "give samples, or query + items, not both", rid)
+    need = ["query", "items"] if query else ["samples"]
+    missing = [f for f in need if f not in obj or obj[f] is None]
+    if missing:
+        raise LineError(where, f"missing field {missing[0]!r} (prefill_only needs labels and samples, "
+                        "or labels, query and items)", rid)
+    if query:
+        return PrefillRequest.with_query(name, obj["query"], obj["items"], obj["labels"])
+    return PrefillRequest(name, obj["samples"], obj["labels"])
+
+
+def read_lines(path: str | Path) -> Iterator[tuple[int, Any, Request | LineError]]:
+    """(line number, id as given or None, request or the line's error) for each non-blank line."""
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                rid, req = parse_line(raw, f"{path}:{n}")
+                yield n, rid, req
+            except LineError as e:
+                yield n, e.id, e
 
 
 def read_jsonl(path: str | Path) -> list[Request]:
+    """Every request of a JSONL file; the first bad line raises LineError."""
     requests = []
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not valid JSON: {e.msg}") from None
-            requests.append(parse_request(obj, f"{path}:{n}"))
+    for _n, _rid, req in read_lines(path):
+        if isinstance(req, LineError):
+            raise req
+        requests.append(req)
     return requests
 
 
-def count_tokens(tokenizer: Any, sample: str | Sequence[int]) -> int:
-    if isinstance(sample, str):
-        return len(tokenizer.encode(sample, add_special_tokens=False))
-    return len(sample)
-
-
 class DatasetWorkload:
-    def __init__(self, path: str | Path, tokenizer: Any):
+    """Requests from a JSONL file (checked whole by harness.preflight first). Valid tokens
+    are counted as the engines see them: after the bounds' truncation."""
+
+    def __init__(self, path: str | Path, tokenizer: Any, bounds: EngineBounds = EngineBounds()):
+        # counts only: whether a line fits the task's widths is the preflight's (and engines') call
+        checker = RequestChecker(Limits(replace(bounds, max_beam_width=MAX_BEAM_WIDTH,
+                                                max_decode_steps=MAX_DECODE_STEPS)), tokenizer)
         self.items = []
         for req in read_jsonl(path):
-            if isinstance(req, PrefillRequest) and req.has_query:
-                query, items = split_query(tokenizer, req.query, req.items)
-                self.items.append(WorkItem(req, tuple(len(query) + len(i) for i in items), len(query)))
-                continue
-            texts = req.samples if isinstance(req, PrefillRequest) else [req.prompt]
-            self.items.append(WorkItem(req, tuple(count_tokens(tokenizer, s) for s in texts)))
+            try:
+                checked = checker.check(req)
+            except RequestRejected as e:
+                raise ValueError(f"{path}: request {req.id}: {e}") from None
+            seqs = checked.seqs if isinstance(checked, CheckedPrefill) else [checked.prompt]
+            self.items.append(WorkItem(req, tuple(map(len, seqs)), getattr(checked, 'query_len', 0)))
         if not self.items:
             raise ValueError(f"{path}: no requests")
 
@@ -211,14 +280,30 @@ class Shifted:
         return self.items[self.offset + i]
 
 
+def dataset_path(scenario: Scenario, base_dir: Path | None = None) -> Path | None:
+    """The scenario's dataset file (relative paths are relative to the scenario's folder)."""
+    if scenario.workload.dataset is None:
+        return None
+    path = Path(scenario.workload.dataset).expanduser()
+    return base_dir / path if not path.is_absolute() and base_dir is not None else path
+
+
+def scenario_bounds(scenario: Scenario) -> EngineBounds:
+    """The bounds every engine of `scenario` is started with."""
+    b, task = scenario.bounds, scenario.task
+    beam = isinstance(task, BeamTask)
+    return EngineBounds(max_samples_per_request=b.max_samples_per_request, max_prompt_tokens=b.max_prompt_tokens,
+                        on_violation=b.on_violation, max_beam_width=task.beam_width if beam else 1,
+                        max_decode_steps=task.decode_steps if beam else 1,
+                        max_query_tokens=b.max_query_tokens or b.max_prompt_tokens,
+                        max_item_tokens=b.max_item_tokens or b.max_prompt_tokens)
+
+
 def build_workload(scenario: Scenario, tokenizer: Any, base_dir: Path | None = None):
     """An indexable, deterministic source of WorkItems for `scenario`."""
-    wl = scenario.workload
-    if wl.dataset is not None:
-        path = Path(wl.dataset)
-        if not path.is_absolute() and base_dir is not None:
-            path = base_dir / path
-        return DatasetWorkload(path, tokenizer)
+    path = dataset_path(scenario, base_dir)
+    if path is not None:
+        return DatasetWorkload(path, tokenizer, scenario_bounds(scenario))
     return SyntheticWorkload(scenario, tokenizer)
 
 

@@ -61,3 +61,27 @@ class DyingEngine(Engine):
             raise EngineDied("server exited with code 1")
         await asyncio.sleep(0.001)
         return PrefillResult(request.id, [[0.5, 0.5]] * len(request.samples))
+
+
+class BrokenStartEngine(Engine):
+    """Its start raises (a bug, not 'unavailable')."""
+
+    name = "broken"
+
+    def start(self) -> None:
+        raise RuntimeError("weights are corrupt")
+
+    async def submit(self, request):
+        raise AssertionError("never started")
+
+
+class RejectingEngine(Engine):
+    """Rejects every request: it runs, and measures nothing."""
+
+    name = "rejecting"
+
+    def start(self) -> None:
+        pass
+
+    async def submit(self, request):
+        raise RequestRejected("no thanks")

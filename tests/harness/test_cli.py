@@ -42,8 +42,8 @@ def test_unavailable_engine_is_skipped_with_a_reason(tmp_path, monkeypatch):
     out = tmp_path / "run"
     res = CliRunner().invoke(app, ["run", str(SCENARIOS / "smoke_prefill.yaml"), "--engine", "ghost", "--engine",
                                    "noop", "--requests", "2", "--peak-tflops", "1", "--out", str(out)])
-    assert res.exit_code == 0, res.output
-    assert "ghost" in res.output and "skipped" in res.output
+    assert res.exit_code == 3, res.output  # the run went on, but not every engine ran
+    assert "ghost" in res.output and "skipped" in res.output and "not measured: ghost" in res.output
     assert {r["engine"] for r in csv.DictReader(open(out / "results.csv"))} == {"noop"}
 
 
@@ -57,7 +57,7 @@ def test_infer_prefill_and_beam(tmp_path):
     outp = tmp_path / "out.jsonl"
     res = CliRunner().invoke(app, ["infer", "--engine", "hf", "--model", "tiny", "--input", str(inp),
                                    "--output", str(outp)])
-    assert res.exit_code == 0, res.output
+    assert res.exit_code == 3, res.output  # every line answered; one of them is an error
     lines = [json.loads(line) for line in outp.read_text().splitlines()]
     assert [line["id"] for line in lines] == ["p", "b", "bad"]
     assert len(lines[0]["scores"]) == 2 and abs(sum(lines[0]["scores"][0]) - 1) < 1e-6
@@ -120,3 +120,30 @@ def test_compile_ahead_of_time_then_from_cache():
     assert second.exit_code == 0, second.output
     status = json.loads(second.stdout[second.stdout.index("{"):])
     assert status["compile"] == "aot" and status["compiled_now"] is False
+
+
+@pytest.mark.parametrize("engine, why", [
+    ("DyingEngine", "dying: EngineDied: engine died: server exited with code 1 (after 1 measured request)"),
+    ("BrokenStartEngine", "broken: failed to start: RuntimeError: weights are corrupt"),
+    ("RejectingEngine", "rejecting: measured no successful request (0 errors, 4 rejected, 0 timeouts)"),
+])
+def test_run_exits_3_when_an_engine_did_not_measure(tmp_path, monkeypatch, engine, why):
+    import engines.registry as reg
+
+    name = why.split(":")[0]
+    monkeypatch.setitem(reg.ENGINES, name, f"tests.harness.engines_for_tests:{engine}")
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["run", str(SCENARIOS / "smoke_prefill.yaml"), "--engine", "noop", "--engine",
+                                   name, "--requests", "4", "--concurrency", "1", "--peak-tflops", "1",
+                                   "--out", str(out)])
+    assert res.exit_code == 3, res.output
+    assert "Traceback" not in res.output
+    assert f"not measured: {why}" in " ".join(res.output.split())
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    assert "noop" in {r["engine"] for r in rows}  # the others' results are kept
+
+
+def test_run_exits_0_when_every_engine_measured(tmp_path):
+    res = CliRunner().invoke(app, ["run", str(SCENARIOS / "smoke_beam.yaml"), "--engine", "noop", "--requests", "2",
+                                   "--peak-tflops", "1", "--out", str(tmp_path / "run")])
+    assert res.exit_code == 0, res.output

@@ -100,7 +100,7 @@ def test_one_engine_twice_needs_labels(tmp_path):
 
 
 def test_engine_flag_takes_every_entry_of_that_name_or_label(tmp_path):
-    from harness.runner import chosen_specs
+    from harness.scenario import select_engines as chosen_specs
 
     data = _good()
     data["engines"] = ["bounded", {"name": "bounded", "label": "bounded-noshare", "share_query": False}, "hf"]

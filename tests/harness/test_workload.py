@@ -56,7 +56,7 @@ def test_jsonl_dataset(tmp_path, tokenizer):
     p = tmp_path / "reqs.jsonl"
     p.write_text("\n".join(json.dumps(o) for o in [
         {"id": "a", "kind": "prefill_only", "samples": [" hello world", [1, 2, 3]], "labels": [" yes", 902]},
-        {"id": "b", "kind": "beam_search", "prompt": [5, 6], "beam_width": 3, "decode_steps": 2,
+        {"id": "b", "kind": "beam_search", "prompt": [5, 6], "beam_width": 2, "decode_steps": 2,
          "allowed": [[1, 2], [1, 3]]},
     ]))
     sc = _scenario(prompt_tokens=None, dataset=str(p))
@@ -68,7 +68,7 @@ def test_jsonl_dataset(tmp_path, tokenizer):
 def test_jsonl_errors_name_line(tmp_path):
     p = tmp_path / "bad.jsonl"
     p.write_text('{"id": 1, "kind": "prefill_only", "samples": ["x"], "labels": [" a"]}\n{"kind": "beam_search"}\n')
-    with pytest.raises(ValueError, match="bad.jsonl:2: missing field 'prompt'"):
+    with pytest.raises(ValueError, match="bad.jsonl:2: missing field 'beam_width'"):
         read_jsonl(p)
     p.write_text("{oops\n")
     with pytest.raises(ValueError, match="bad.jsonl:1: not valid JSON"):
