@@ -321,8 +321,8 @@ class Scenario(_Strict):
                   ("item_tokens", _longest(wl.item_tokens), "max_item_tokens", b.max_item_tokens or b.max_prompt_tokens)]
         for field, most, bound, cap in checks:
             if most is not None and most > cap:
-                raise ValueError(f"workload.{field}: up to {most} > bounds.{bound} {cap}: those requests would "
-                                 "be rejected")
+                what = f"up to {most} tokens" if field.endswith("_tokens") else str(most)
+                raise ValueError(f"workload.{field}: {what} > bounds.{bound} {cap}: those requests would be rejected")
         return self
 
 

@@ -122,7 +122,8 @@ def test_bounds_are_sized_only_from_lines_that_pass(tmp_path, tiny_dir, tokenize
     _write(tmp_path / "in.jsonl", [json.dumps(g) for g in GOOD] + [b for b, _ in BAD])
     lines = read_input(tmp_path / "in.jsonl")
     bounds = screen(lines, caps_checker(str(tiny_dir), tokenizer))
-    assert bounds == Bounds(max_samples_per_request=2, max_prompt_tokens=4, max_beam_width=3, max_decode_steps=2)
+    assert bounds == Bounds(max_samples_per_request=2, max_prompt_tokens=4, max_beam_width=3, max_decode_steps=2,
+                          max_query_tokens=1, max_item_tokens=1)
 
 
 def test_cli_exit_codes(tmp_path, tiny_dir):

@@ -113,18 +113,22 @@ def test_query_jsonl_dataset(tmp_path, tokenizer):
 
 
 @pytest.mark.parametrize("line, msg", [
-    ({"query": " q", "items": [], "labels": [1, 2]}, "items must be a non-empty list"),
-    ({"query": " q", "items": " a", "labels": [1, 2]}, "items must be a non-empty list"),
-    ({"query": " q", "items": [[1]], "labels": [1, 2]}, r"items\[0\] must be a non-empty text"),
-    ({"query": [1], "items": [" a"], "labels": [1, 2]}, r"items\[0\] must be a non-empty list of token ids"),
-    ({"query": [1.5], "items": [[1]], "labels": [1, 2]}, "query must be a non-empty list of token ids"),
-    ({"query": [], "items": [[1]], "labels": [1, 2]}, "query must be a non-empty"),
-    ({"query": [1], "items": [[True]], "labels": [1, 2]}, r"items\[0\] must be"),
+    ({"query": " q", "items": [], "labels": [1, 2]}, "items: need at least one item"),
+    ({"query": " q", "items": " a", "labels": [1, 2]}, "items: expected a list of items"),
+    ({"query": " q", "items": [[1]], "labels": [1, 2]}, "items.0: expected text like the query"),
+    ({"query": [1], "items": [" a"], "labels": [1, 2]}, "items.0: expected a list of token ids, got str"),
+    ({"query": [1.5], "items": [[1]], "labels": [1, 2]}, "query.0: token ids are integers, got 1.5"),
+    ({"query": [], "items": [[1]], "labels": [1, 2]}, "query: empty"),
+    ({"query": [1], "items": [[True]], "labels": [1, 2]}, "items.0.0: token ids are integers, got True"),
     ({"query": [1], "items": [[1]], "samples": [[1]], "labels": [1, 2]}, "not both"),
     ({"query": [1], "labels": [1, 2]}, "missing field 'items'"),
 ])
-def test_query_jsonl_errors_name_line_and_field(tmp_path, line, msg):
+def test_query_jsonl_errors_name_line_and_field(tmp_path, tiny_dir, tokenizer, line, msg):
+    """A query line's shape is judged by the reader, its fields by the engines' shared check."""
+    from harness.infer import caps_checker, read_input, screen
+
     p = tmp_path / "bad.jsonl"
     p.write_text(json.dumps({"id": "x", "kind": "prefill_only", **line}) + "\n")
-    with pytest.raises(ValueError, match=f"bad.jsonl:1: .*{msg}"):
-        read_jsonl(p)
+    lines = read_input(p)
+    screen(lines, caps_checker(str(tiny_dir), tokenizer))
+    assert lines[0].error.startswith("line 1: ") and msg in lines[0].error
