@@ -88,6 +88,21 @@ def test_per_sample_mode_gives_the_same_scores(server, tiny_dir):
         assert got == pytest.approx(exp, abs=1e-5)
 
 
+def test_query_and_items_score_like_the_concatenations(server, ref, tokenizer):
+    query, items = " is this relevant to cats and", [" dogs", " the stock market today", [11, 22], " kittens"]
+    text_items = [i for i in items if isinstance(i, str)]
+    res = asyncio.run(server.submit(PrefillRequest.with_query("q", query, text_items, LABELS)))
+    want = reference_scores(ref, tokenizer, [query + i for i in text_items], LABELS)
+    for got, exp in zip(res.scores, want, strict=True):
+        assert got == pytest.approx(exp, abs=2e-2)
+    ids = tokenizer.encode(query, add_special_tokens=False)
+    res = asyncio.run(server.submit(PrefillRequest.with_query("i", ids, [[11, 22], [33]], LABELS)))
+    want = reference_scores(ref, tokenizer, [ids + [11, 22], ids + [33]], LABELS)
+    for got, exp in zip(res.scores, want, strict=True):
+        assert got == pytest.approx(exp, abs=2e-2)
+    assert server.describe()["radix_cache"] == "on" and server.describe()["multi_item_scoring"] == "off"
+
+
 def hf_beams(ref, prompt, width, steps):
     out = ref.generate(torch.tensor([prompt]), num_beams=width, num_return_sequences=width,
                        max_new_tokens=steps, min_new_tokens=steps, do_sample=False, length_penalty=0.0,
