@@ -1,12 +1,15 @@
 """The bounded engine: packed prefill and shared-prefix beam search for small Qwen models,
 planned ahead of time from the declared bounds.
 
-Data path: engine.py (adapter the harness sees) -> batcher.py (cross-request batching) ->
-dag.py + scoring.py (static DAG of stages) -> runtime.py + aot.py (buffers, compiled graph)
--> programs.py (graph entry points) -> model.py (assembles layers.py) -> kernels.py.
-Beam search: beam_search.py (DAG nodes) -> beam_graphs.py (compiled graphs, BeamRuntime)
--> beam_runtime.py (planned buffers, the fixed-step walk) -> beam_programs.py (graph entry
-points) -> beam.py (shared-prefix attention, top-W) and constraints.py (item-code trie).
+The folder is the stage, the task kind is the file name. Data path, top down (imports point
+down only):
+
+    engine.py     BoundedEngine: one Task per served kind; options.py, plan.py (every size)
+    tasks/        the static DAG of each kind over typed stage data, and the batcher
+    runtime/      planned buffers and compiled graphs (compiled.py: the shared base; aot.py)
+    programs/     tensor-only graph entry points (what gets exported and compiled)
+    model/        the decoder (one layer loop), its layers, config, precision, weights
+    kernels/      pure tensor functions: dense, attention, beam attention, head, select, tries
 """
 
 __version__ = "0.1.0"

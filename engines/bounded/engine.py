@@ -1,11 +1,10 @@
 """The bounded engine as the harness sees it: start (compile or load, allocate), submit
 business requests, describe, stop.
 
-`submit` runs the request-scope DAG nodes (tokenize + bounds) in a text thread, then hands
-the request to the batcher, which merges concurrent requests into one call of the
-batch-scope nodes (pack -> prefill -> score -> format, or prefill -> step 1..S -> format for
-beam search) in the model thread. Each task kind the engine serves has its own DAG, runtime
-and batcher; the model thread is shared.
+The engine holds one Task per task kind it serves (tasks/prefill.py, tasks/beam.py).
+`submit` runs the task's request-scope nodes (tokenize + bounds) in a text thread, then hands
+the request to that task's batcher, which merges concurrent requests into one run of the
+task's batch-scope nodes in the model thread (shared by the tasks).
 """
 from __future__ import annotations
 
@@ -13,24 +12,23 @@ import asyncio
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
 import engines.bounded as pkg
-from engines.base import (BEAM_SEARCH, PREFILL_ONLY, BeamRequest, Engine, EngineConfig, EngineError,
-                          EngineUnavailable, Request, RequestRejected, Result)
-from engines.bounded.aot import ShapePolicy
-from engines.bounded.batcher import Batcher, Budget, Pending
-from engines.bounded.beam_graphs import BeamRuntime
-from engines.bounded.beam_runtime import BeamPlan
-from engines.bounded.beam_search import BeamBudget, BeamNodes, BeamUsage, build_beam_dag
-from engines.bounded.config import GEMM_GROUPS, PrecisionPolicy
-from engines.bounded.families import read_model_config
+from engines.base import Engine, EngineConfig, EngineError, EngineUnavailable, Request, RequestRejected, Result
+from engines.bounded.model.families import read_model_config
+from engines.bounded.model.precision import GEMM_GROUPS, PrecisionPolicy
 from engines.bounded.options import BoundedOptions, OptionError
-from engines.bounded.runtime import PrefillRuntime
-from engines.bounded.scoring import Limits, ScoringNodes, build_dag
-from engines.tokens import eos_ids
+from engines.bounded.plan import plan
+from engines.bounded.tasks.base import Task
+from engines.bounded.tasks.batcher import Batcher, Pending
+from engines.bounded.tasks.beam import BeamTask
+from engines.bounded.tasks.prefill import PrefillTask
+
+# the task kinds this engine serves, by name (a new kind is a Task subclass and a line here)
+TASKS: dict[str, type[Task]] = {PrefillTask.kind: PrefillTask, BeamTask.kind: BeamTask}
 
 
 def _log(msg: str) -> None:
@@ -45,28 +43,19 @@ class BoundedEngine(Engine):
         self.options = BoundedOptions.parse(config.options)
         self.policy = PrecisionPolicy(config.dtype, self.options.residual,
                                       {g: "fp8" if g in self.options.fp8 else "dense" for g in GEMM_GROUPS})
-        b = config.bounds
-        self.budget = Budget(self.options.batch_tokens(b), self.options.batch_seqs(b), self.options.max_labels)
-        self.shapes = ShapePolicy(max_tokens=self.budget.max_tokens, max_seqs=self.budget.max_seqs,
-                                  max_len=min(b.max_prompt_tokens, self.budget.max_tokens),
-                                  max_labels=self.options.max_labels)
-        self.runtime = PrefillRuntime(config.model_dir, self.policy, config.device, self.shapes,
-                                      self.options.compile, log=_log)
-        self.serves = (PREFILL_ONLY, BEAM_SEARCH) if config.task_kind is None else (config.task_kind,)
-        self.beam_plan = BeamPlan(self.options.beam_requests(b), b.max_beam_width, b.max_decode_steps,
-                                  b.max_prompt_tokens)
-        self.beam_runtime = BeamRuntime(config.model_dir, self.policy, config.device, self.beam_plan,
-                                        eos_ids(config.model_dir), self.options.compile, log=_log)
+        self.plan = plan(config.bounds, self.options)
+        kinds = list(TASKS) if config.task_kind is None else [config.task_kind]
+        self.tasks: dict[str, Task] = {k: TASKS[k].create(config, self.policy, self.plan, self.options.compile, _log)
+                                       for k in kinds}
         self.stats = {"requests": 0, "batches": 0, "largest_batch": 0}
-        self._batcher: Optional[Batcher] = None
-        self._beam_batcher: Optional[Batcher] = None
+        self._batchers: dict[str, Batcher] = {}
         self._started = False
 
     @classmethod
     def check_available(cls, config: EngineConfig) -> None:
-        if config.task_kind not in (None, PREFILL_ONLY, BEAM_SEARCH):
+        if config.task_kind is not None and config.task_kind not in TASKS:
             raise EngineUnavailable(f"bounded: task {config.task_kind!r} is not supported "
-                                    f"(tasks: {PREFILL_ONLY}, {BEAM_SEARCH})")
+                                    f"(tasks: {', '.join(TASKS)})")
         try:
             opts = BoundedOptions.parse(config.options)
         except OptionError as e:
@@ -80,39 +69,28 @@ class BoundedEngine(Engine):
     # --- lifecycle ----------------------------------------------------------------------
 
     def compile(self) -> dict[str, Any]:
-        """Compile (or find in the cache) the AOT package for this config, without serving.
-        What a `bench compile` command calls."""
+        """Compile (or find in the cache) the AOT packages of every served task, without
+        serving: what `bench compile` calls. -> {task kind: its runtime's status}."""
         read_model_config(self.config.model_dir)  # fail early on an unknown family
-        status = self.runtime.compile() if PREFILL_ONLY in self.serves else {}
-        if BEAM_SEARCH in self.serves:
-            self.beam_runtime.compile()
-            status["beam"] = dict(self.beam_runtime.status)
-        return status
+        return {kind: task.compile() for kind, task in self.tasks.items()}
 
     def start(self) -> None:
         from transformers import AutoTokenizer
 
         t0 = time.perf_counter()
-        cfg = read_model_config(self.config.model_dir)
-        self.tokenizer = AutoTokenizer.from_pretrained(str(self.config.model_dir))
-        if PREFILL_ONLY in self.serves:
-            self.runtime.start()
-        limits = Limits(cfg.vocab, self.options.max_labels, self.budget.max_tokens)
-        self.dag = build_dag(ScoringNodes(self.tokenizer, self.runtime, self.config.bounds, limits))
-        if BEAM_SEARCH in self.serves:
-            self.beam_runtime.start()
-        self.beam_dag = build_beam_dag(BeamNodes(self.tokenizer, self.beam_runtime, self.config.bounds, cfg.vocab),
-                                       self.beam_plan.max_steps)
+        read_model_config(self.config.model_dir)
+        tokenizer = AutoTokenizer.from_pretrained(str(self.config.model_dir))
+        for task in self.tasks.values():
+            task.start(tokenizer)
         self._model_pool = ThreadPoolExecutor(1, thread_name_prefix="bounded-model")
         self._text_pool = ThreadPoolExecutor(1, thread_name_prefix="bounded-text")
         self._started = True
         self.start_s = time.perf_counter() - t0
 
     def stop(self) -> None:
-        for batcher in (self._batcher, self._beam_batcher):
-            if batcher is not None:
-                batcher.close()
-        self._batcher = self._beam_batcher = None
+        for batcher in self._batchers.values():
+            batcher.close()
+        self._batchers = {}
         if self._started:
             self._model_pool.shutdown(wait=True)
             self._text_pool.shutdown(wait=True)
@@ -127,20 +105,13 @@ class BoundedEngine(Engine):
             "device": self.config.device,
             "dtype": self.config.dtype,
             "precision": self.policy.describe(),
-            **{k: v for k, v in self.runtime.status.items() if k != "compile_requested"},
             "compile_requested": self.options.compile,
             "bounds": {"max_samples_per_request": b.max_samples_per_request,
-                       "max_prompt_tokens": b.max_prompt_tokens, "on_violation": b.on_violation},
-            "batching": {"max_wait_ms": self.options.max_wait_ms,
-                         "max_batch_tokens": self.budget.max_tokens,
-                         "max_batch_seqs": self.budget.max_seqs, "max_labels": self.budget.max_labels},
-            "dag": {"request": self.dag.names("request"), "batch": self.dag.names("batch")}
-            if self._started else None,
-            "serves": list(self.serves),
-            "beam": {"status": dict(self.beam_runtime.status), "max_beam_width": b.max_beam_width,
-                     "max_decode_steps": b.max_decode_steps, "batch_requests": self.beam_plan.max_requests,
-                     "dag": self.beam_dag.names("batch") if self._started else None}
-            if BEAM_SEARCH in self.serves else None,
+                       "max_prompt_tokens": b.max_prompt_tokens, "max_beam_width": b.max_beam_width,
+                       "max_decode_steps": b.max_decode_steps, "on_violation": b.on_violation},
+            "batching": {"max_wait_ms": self.options.max_wait_ms},
+            "serves": list(self.tasks),
+            **{kind: task.describe() for kind, task in self.tasks.items()},
             "stats": dict(self.stats),
             "options": dict(self.config.options),
         }
@@ -148,59 +119,42 @@ class BoundedEngine(Engine):
     # --- serving ------------------------------------------------------------------------
 
     async def submit(self, request: Request) -> Result:
-        kind = BEAM_SEARCH if isinstance(request, BeamRequest) else request.kind
-        if kind not in self.serves:
-            raise RequestRejected(f"this engine was started for {', '.join(self.serves)}, not {kind}")
+        task = self.tasks.get(request.kind)
+        if task is None:
+            raise RequestRejected(f"this engine was started for {', '.join(self.tasks)}, not {request.kind}")
         if not self._started:
             raise EngineError("bounded engine not started")
         loop = asyncio.get_running_loop()
         stages: dict[str, float] = {}
-        state = await loop.run_in_executor(self._text_pool, self._request_scope, request, stages)
-        if kind == BEAM_SEARCH:
-            return await self._beam_batcher_here().submit(state, stages)
-        return await self._batcher_here().submit(state, stages)
+        item = await loop.run_in_executor(self._text_pool, task.prepare, request, stages)
+        return await self._batcher(task).submit(item, stages)
 
-    def _request_scope(self, request: Request, stages: dict[str, float]) -> dict[str, Any]:
-        dag = self.beam_dag if isinstance(request, BeamRequest) else self.dag
-        try:
-            return dag.run("request", {"request": request}, stages)
-        except EngineError:
-            raise
-        except Exception as e:  # malformed input the tokenizer chokes on
-            raise RequestRejected(f"request {request.id}: {type(e).__name__}: {e}") from e
-
-    def _batcher_here(self) -> Batcher:
+    def _batcher(self, task: Task) -> Batcher:
+        """The task's batcher on the running event loop (a new loop gets a new one)."""
         loop = asyncio.get_running_loop()
-        if self._batcher is None or self._batcher.loop is not loop:
-            self._batcher = Batcher(self._execute, self._model_pool, self.budget,
-                                    self.options.max_wait_ms / 1000.0)
-        return self._batcher
+        b = self._batchers.get(task.kind)
+        if b is None or b.loop is not loop:
+            b = self._batchers[task.kind] = Batcher(lambda batch: self._execute(task, batch), self._model_pool,
+                                                    task.usage, self.options.max_wait_ms / 1000.0)
+        return b
 
-    def _beam_batcher_here(self) -> Batcher:
-        loop = asyncio.get_running_loop()
-        if self._beam_batcher is None or self._beam_batcher.loop is not loop:
-            self._beam_batcher = Batcher(self._execute, self._model_pool, BeamBudget(self.beam_plan.max_requests),
-                                         self.options.max_wait_ms / 1000.0, usage=BeamUsage)
-        return self._beam_batcher
-
-    def _execute(self, batch: list[Pending]) -> list[Any]:
-        """Model thread: one merged call; if it fails, each request alone, so only the
-        culprit fails."""
+    def _execute(self, task: Task, batch: list[Pending]) -> list[Any]:
+        """Model thread: one merged run; if it fails, each request alone, so only the culprit
+        fails."""
         try:
-            return self._run_batch(batch)
+            return self._run_batch(task, batch)
         except Exception as e:
             if len(batch) == 1:
                 return [e if isinstance(e, EngineError) else EngineError(f"{type(e).__name__}: {e}")]
-            return [self._execute([p])[0] for p in batch]
+            return [self._execute(task, [p])[0] for p in batch]
 
-    def _run_batch(self, batch: list[Pending]) -> list[Any]:
+    def _run_batch(self, task: Task, batch: list[Pending]) -> list[Any]:
         t0 = time.perf_counter()
         stages: dict[str, float] = {}
-        dag = self.beam_dag if "job" in batch[0].state else self.dag
-        state = dag.run("batch", {"items": [p.state for p in batch]}, stages)
+        results = task.run([p.item for p in batch], stages)
         self.stats["requests"] += len(batch)
         self.stats["batches"] += 1
         self.stats["largest_batch"] = max(self.stats["largest_batch"], len(batch))
-        for p, result in zip(batch, state["results"]):
+        for p, result in zip(batch, results):
             result.stages = {**p.stages, "queue": (t0 - p.enqueued) * 1000.0, **stages}
-        return state["results"]
+        return results

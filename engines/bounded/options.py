@@ -1,12 +1,13 @@
-"""The bounded engine's settings (EngineConfig.options), parsed into a frozen dataclass."""
+"""The bounded engine's settings (EngineConfig.options), parsed and checked once into a
+frozen dataclass; plan.py turns them, with the bounds, into sizes."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from typing import Any
 
-from engines.base import Bounds
-from engines.bounded.config import DTYPES, GEMM_GROUPS
-from engines.bounded.runtime import COMPILE_MODES
+from engines.bounded.model.precision import DTYPES, GEMM_GROUPS
+
+COMPILE_MODES = ("aot", "eager")  # AOTInductor packages (cached), or the eager programs
 
 
 class OptionError(ValueError):
@@ -58,14 +59,3 @@ class BoundedOptions:
                 or self.max_batch_beams < 0):
             raise OptionError("max_wait_ms, max_batch_tokens, max_batch_seqs and max_batch_beams must be >= 0, "
                               "max_labels >= 1")
-
-    def batch_tokens(self, bounds: Bounds) -> int:
-        return self.max_batch_tokens or bounds.max_samples_per_request * bounds.max_prompt_tokens
-
-    def batch_seqs(self, bounds: Bounds) -> int:
-        return self.max_batch_seqs or 8 * bounds.max_samples_per_request
-
-    def beam_requests(self, bounds: Bounds) -> int:
-        """Requests whose beams may share one decode step (each planned at the full width)."""
-        rows = self.max_batch_beams or max(bounds.max_beam_width, 512)
-        return max(1, rows // bounds.max_beam_width)

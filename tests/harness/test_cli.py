@@ -119,7 +119,8 @@ def test_compile_ahead_of_time_then_from_cache():
     second = runner.invoke(app, ["compile", str(SCENARIOS / "smoke_prefill.yaml")])
     assert second.exit_code == 0, second.output
     status = json.loads(second.stdout[second.stdout.index("{"):])
-    assert status["compile"] == "aot" and status["compiled_now"] is False
+    prefill = status["prefill_only"]
+    assert prefill["compile"] == "aot" and prefill["packages"]["score_prefill"]["compiled_now"] is False
 
 
 @pytest.mark.parametrize("engine, why", [

@@ -1,32 +1,48 @@
-"""Helpers of the beam tests: an eager BeamRunner for a model directory, transformers
-`generate` as the reference, and the comparison of two beam lists."""
+"""Helpers of the beam tests: the beam task (eager) for a model directory -- the same walk
+the engine serves, from prepared jobs to results --, transformers `generate` as the
+reference, and the comparison of two beam lists."""
 from __future__ import annotations
 
 from typing import Optional, Sequence
 
 import torch
 
-from engines.bounded.beam_programs import BeamDecodeStep, BeamPrefill, head_weight
-from engines.bounded.beam_runtime import BeamGraphs, BeamOutput, BeamPlan, BeamRunner
-from engines.bounded.config import PrecisionPolicy
-from engines.bounded.families import read_model_config
-from engines.bounded.model import load_model
+from engines.base import Bounds
+from engines.bounded.model.precision import PrecisionPolicy
+from engines.bounded.plan import BeamPlan
+from engines.bounded.runtime.beam import BeamJob, BeamOutput, BeamRuntime
+from engines.bounded.tasks.beam import BeamTask
 from engines.hf import allowed_trie
 from engines.tokens import eos_ids
 
 PAD_ID = 151643
-_runners: dict = {}
+_tasks: dict = {}
 _refs: dict = {}
 
 
-def runner(model_dir, dtype: str = "float32", plan: BeamPlan = BeamPlan(4, 400, 5, 512)) -> BeamRunner:
+class Walker:
+    """The beam task of one model, dtype and plan, started eagerly; `run(jobs)` is its batch
+    scope (prefill, step 1..S, format), the beams as BeamOutput."""
+
+    def __init__(self, model_dir, dtype: str, plan: BeamPlan):
+        from harness.workload import load_tokenizer
+
+        runtime = BeamRuntime(model_dir, PrecisionPolicy(dtype), "cpu", plan, eos_ids(model_dir), "eager")
+        bounds = Bounds(1, plan.max_prompt, plan.max_width, plan.max_steps)
+        self.task = BeamTask(runtime, bounds, plan)
+        self.task.start(load_tokenizer(str(model_dir)))
+        self.buffers = runtime.buffers
+
+    def run(self, jobs: Sequence[BeamJob]) -> list[BeamOutput]:
+        results = self.task.run(list(jobs), {})
+        return [BeamOutput([b.token_ids for b in r.beams], [b.logprob for b in r.beams]) for r in results]
+
+
+def runner(model_dir, dtype: str = "float32", plan: BeamPlan = BeamPlan(4, 400, 5, 512)) -> Walker:
     key = (str(model_dir), dtype, plan)
-    if key not in _runners:
-        model = load_model(model_dir, PrecisionPolicy(dtype))
-        graphs = BeamGraphs(BeamPrefill(model), BeamDecodeStep(model))
-        _runners[key] = BeamRunner(read_model_config(model_dir), plan, graphs, head_weight(model),
-                                   eos_ids(model_dir))
-    return _runners[key]
+    if key not in _tasks:
+        _tasks[key] = Walker(model_dir, dtype, plan)
+    return _tasks[key]
 
 
 def hf_model(model_dir, dtype=torch.float32):

@@ -153,7 +153,7 @@ def test_bad_requests_fail_alone(tiny_engine):
 
 
 def test_failing_batch_isolates_the_culprit(tiny_engine, monkeypatch):
-    real_run = tiny_engine.runtime.run
+    real_run = tiny_engine.tasks["prefill_only"].runtime.run
     poison = 77
 
     def run(batch, labels):
@@ -161,7 +161,7 @@ def test_failing_batch_isolates_the_culprit(tiny_engine, monkeypatch):
             raise RuntimeError("kernel failure")
         return real_run(batch, labels)
 
-    monkeypatch.setattr(tiny_engine.runtime, "run", run)
+    monkeypatch.setattr(tiny_engine.tasks["prefill_only"].runtime, "run", run)
     reqs = [PrefillRequest("a", [[1, 2, 3]], [1, 2]), PrefillRequest("p", [[poison]], [1, 2]),
             PrefillRequest("b", [[4, 5]], [1, 2])]
     a, p, b = asyncio.run(gather(tiny_engine, reqs))
@@ -189,8 +189,10 @@ def test_stages_and_beam_rejection(tiny_engine):
     with pytest.raises(RequestRejected, match="started for prefill_only, not beam_search"):
         asyncio.run(tiny_engine.submit(BeamRequest("b", [1, 2], beam_width=4, decode_steps=2)))
     d = tiny_engine.describe()
-    assert d["name"] == "bounded" and d["compile"] == "eager" and d["dtype"] == "float32"
+    assert d["name"] == "bounded" and d["prefill_only"]["status"]["compile"] == "eager" and d["dtype"] == "float32"
     assert d["bounds"]["max_prompt_tokens"] == 60 and d["batching"]["max_wait_ms"] == 2.0
+    assert d["serves"] == ["prefill_only"] and d["prefill_only"]["dag"] == {
+        "request": ["tokenize"], "batch": ["pack", "prefill", "score", "format"]}
 
 
 def test_unknown_option_lists_known_ones(tiny_dir_f32):

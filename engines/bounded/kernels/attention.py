@@ -1,0 +1,146 @@
+"""Causal attention within each sequence of a packed prefill batch.
+
+`varlen_attention` is an opaque op for torch.export/Inductor (the graph around it is
+compiled; inside, the device's fastest eager kernels run): per sequence on a CPU, one flash
+SDPA over a padded view on a GPU. Shapes: T packed tokens, S sequences, L the longest
+sequence of a batch, Hq query heads, Hkv K/V heads, D head dim.
+"""
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+def packed_attention_padded(q: Tensor, k: Tensor, v: Tensor, pad_index: Tensor,
+                            unpad_index: Tensor) -> Tensor:
+    """Causal attention within each packed sequence, as one batched SDPA over a padded view.
+
+    q: [T, Hq, D], k/v: [T, Hkv, D]; pad_index: [S, L] packed row of (sequence, position),
+    positions past a sequence's end point at any of its rows; unpad_index: [T] row of the
+    flattened [S*L] padded output for each packed token. Causality keeps every real query
+    away from the padding keys, so no mask is needed. Returns [T, Hq*D].
+    """
+    s, l = pad_index.shape
+    qp = q[pad_index].transpose(1, 2)  # [S, Hq, L, D]
+    kp = k[pad_index].transpose(1, 2)  # [S, Hkv, L, D]
+    vp = v[pad_index].transpose(1, 2)
+    o = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, enable_gqa=True)
+    o = o.transpose(1, 2).reshape(s * l, -1)  # [S*L, Hq*D]
+    return o[unpad_index]
+
+
+def varlen_attention_cpu(q: Tensor, k: Tensor, v: Tensor, spans: list[tuple[int, int]],
+                         fp32_scores: bool = True) -> Tensor:
+    """Causal attention of each packed sequence, per sequence with two batched GEMMs.
+
+    The g query heads sharing a kv head are stacked into one [g*n, D] matrix (no K/V
+    repeat); the causal mask is an additive bias, softmax in float32. On CPUs without AMX
+    this runs ~2.5x faster than the flash kernel over a padded view, and with no padding.
+    `fp32_scores` computes Q K^T from float32 copies (bf16 GEMM output would round the
+    logits). The sequences are shared out to one single-threaded worker per intra-op
+    thread: the per-sequence ops are too small to split well across OpenMP threads, and a
+    spinning OpenMP team stalls badly when another process holds a core.
+    q: [T, Hq, D], k/v: [T, Hkv, D] -> [T, Hq*D].
+    """
+    t, hq, d = q.shape
+    out = torch.empty(t, k.shape[1], hq // k.shape[1], d, dtype=q.dtype, device=q.device)
+    longest = max(e - s for s, e in spans)
+    bias = torch.full((longest, longest), float("-inf"), device=q.device).triu_(1)
+    groups = _balance(spans, torch.get_num_threads())
+    inference, grad = torch.is_inference_mode_enabled(), torch.is_grad_enabled()
+
+    def run(group: list[tuple[int, int]]) -> None:
+        with torch.inference_mode(inference), torch.set_grad_enabled(grad):  # thread-local modes
+            for start, end in group:
+                out[start:end] = _attend_one(q[start:end], k[start:end], v[start:end], bias, fp32_scores)
+
+    if len(groups) == 1:
+        run(groups[0])
+    else:
+        threads = torch.get_num_threads()
+        list(_workers(len(groups)).map(run, groups))
+        torch.set_num_threads(threads)  # see _single_threaded
+    return out.view(t, hq * d)
+
+
+def _attend_one(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, fp32_scores: bool) -> Tensor:
+    # one sequence: q [n, Hq, D], k/v [n, Hkv, D] -> [n, Hkv, g, D]
+    n, hq, d = q.shape
+    hkv = k.shape[1]
+    g = hq // hkv
+    qs = q.reshape(n, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * n, d)
+    ks, vs = k.transpose(0, 1), v.transpose(0, 1)  # [Hkv, n, D]
+    if fp32_scores:
+        qs, ks = qs.float(), ks.float()
+    scores = torch.matmul(qs, ks.transpose(1, 2)).view(hkv, g, n, n)
+    scores = torch.add(bias[:n, :n], scores, alpha=d ** -0.5)  # float32
+    p = torch.softmax(scores, dim=-1).to(v.dtype).view(hkv, g * n, n)
+    return torch.matmul(p, vs).view(hkv, g, n, d).permute(2, 0, 1, 3)
+
+
+def _balance(spans: list[tuple[int, int]], parts: int) -> list[list[tuple[int, int]]]:
+    """Longest-first assignment of sequences to `parts` groups by attention work (n^2)."""
+    parts = max(1, min(parts, len(spans)))
+    groups: list[list[tuple[int, int]]] = [[] for _ in range(parts)]
+    load = [0] * parts
+    for span in sorted(spans, key=lambda s: s[0] - s[1]):
+        i = load.index(min(load))
+        groups[i].append(span)
+        load[i] += (span[1] - span[0]) ** 2
+    return groups
+
+
+_WORKERS: dict[int, ThreadPoolExecutor] = {}
+_WORKERS_LOCK = threading.Lock()
+
+
+def _single_threaded() -> None:
+    # OpenMP/MKL thread counts are per-thread settings, but torch.set_num_threads also stores
+    # the process-wide count that any thread reads on its first parallel op: every thread
+    # started after it (the engine's model thread, another engine's) ran single-threaded.
+    # So: this worker is made single-threaded for good here (get_num_threads initialises
+    # it), and the caller restores the process-wide count after handing work out.
+    torch.set_num_threads(1)
+    torch.get_num_threads()
+
+
+def _workers(n: int) -> ThreadPoolExecutor:
+    """n threads whose torch ops run single-threaded, made once per process."""
+    with _WORKERS_LOCK:
+        if n not in _WORKERS:
+            _WORKERS[n] = ThreadPoolExecutor(n, thread_name_prefix="bounded-attn",
+                                             initializer=_single_threaded)
+        return _WORKERS[n]
+
+
+@torch.library.custom_op("bounded::varlen_attention", mutates_args=())
+def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor) -> Tensor:
+    """Causal attention within each packed sequence; cu_seqlens: [S+1] host int64 offsets.
+
+    An opaque op for torch.export/Inductor (the graph around it is compiled; this runs the
+    device's fastest eager kernels). q: [T, Hq, D], k/v: [T, Hkv, D] -> [T, Hq*D]."""
+    offsets = cu_seqlens.tolist()
+    if q.device.type == "cpu":
+        return varlen_attention_cpu(q, k, v, list(zip(offsets[:-1], offsets[1:])))
+    return varlen_attention_padded(q, k, v, cu_seqlens)
+
+
+def varlen_attention_padded(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor) -> Tensor:
+    """The GPU path: one flash SDPA over the padded view (a per-sequence loop would launch
+    layers x sequences small kernels). cu_seqlens: [S+1] host offsets."""
+    lengths = cu_seqlens[1:] - cu_seqlens[:-1]  # [S]
+    longest = int(lengths.max())
+    cols = torch.arange(longest)[None, :]
+    pad_index = cu_seqlens[:-1, None] + torch.minimum(cols, lengths[:, None] - 1)  # [S, L]
+    seq = torch.repeat_interleave(torch.arange(len(lengths)), lengths)  # [T]
+    unpad_index = seq * longest + torch.arange(int(cu_seqlens[-1])) - cu_seqlens[:-1][seq]
+    return packed_attention_padded(q, k, v, pad_index.to(q.device), unpad_index.to(q.device))
+
+
+@varlen_attention.register_fake
+def _(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor) -> Tensor:
+    return q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
+

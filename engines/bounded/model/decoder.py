@@ -1,0 +1,119 @@
+"""The Qwen2/Qwen3 decoder, assembled from layers.py; no kernels and no compiler here.
+
+One forward serves every program: `DecoderModel.forward(tokens [T], positions [T], attend)`
+runs the layer loop over T token rows (the packed tokens of a prefill, or the beam rows of
+a decode step); `attend(layer, q, k, v)` is the program's attention, which knows how rows
+relate (packed sequences, a shared prompt K/V plus each beam's suffix). It can keep every
+layer's K/V for the caller.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from engines.bounded.model.config import ModelConfig
+from engines.bounded.model.families import read_model_config
+from engines.bounded.model.layers import Attend, GatedMLP, Linear, RMSNorm, Rope
+from engines.bounded.model.precision import PrecisionPolicy
+from engines.bounded.model.weights import ModelDirError, WeightReader
+
+KV = tuple[Tensor, Tensor]  # k, v: [T, Hkv, D] each, after k-norm and rope
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, w: WeightReader, i: int, policy: PrecisionPolicy):
+        super().__init__()
+        self.cfg = cfg
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        self.input_norm = RMSNorm(w.get(p + "input_layernorm.weight"), cfg.rms_eps)
+        self.post_norm = RMSNorm(w.get(p + "post_attention_layernorm.weight"), cfg.rms_eps)
+        qkv_w = torch.cat([w.get(a + f"{n}_proj.weight") for n in "qkv"])  # [Q+2KV, hidden]
+        qkv_b = torch.cat([w.get(a + f"{n}_proj.bias") for n in "qkv"]) if cfg.qkv_bias else None
+        self.qkv = Linear.for_group("qkv", qkv_w, qkv_b, policy)
+        o_b = w.get(a + "o_proj.bias") if a + "o_proj.bias" in w else None
+        self.o = Linear.for_group("o", w.get(a + "o_proj.weight"), o_b, policy)
+        self.q_norm = self.k_norm = None
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(w.get(a + "q_norm.weight"), cfg.rms_eps)
+            self.k_norm = RMSNorm(w.get(a + "k_norm.weight"), cfg.rms_eps)
+        m = p + "mlp."
+        gate_up = torch.cat([w.get(m + "gate_proj.weight"), w.get(m + "up_proj.weight")])  # [2I, hidden]
+        self.mlp = GatedMLP(Linear.for_group("gate_up", gate_up, None, policy),
+                            Linear.for_group("down", w.get(m + "down_proj.weight"), None, policy))
+
+    def project_qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        # x: [T, hidden] residual stream -> q [T, Hq, D], k/v [T, Hkv, D]
+        c = self.cfg
+        qkv = self.qkv(self.input_norm(x))
+        q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
+        q = q.reshape(-1, c.heads, c.head_dim)
+        k = k.reshape(-1, c.kv_heads, c.head_dim)
+        v = v.reshape(-1, c.kv_heads, c.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return Rope.rotate(q, cos, sin), Rope.rotate(k, cos, sin), v
+
+    def finish(self, x: Tensor, attn: Tensor) -> Tensor:
+        # x: [T, hidden] residual stream, attn: [T, Hq*D] -> next residual stream [T, hidden]
+        x = x + self.o(attn)  # (x may be a float32 residual stream: see PrecisionPolicy)
+        return x + self.mlp(self.post_norm(x))
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, w: WeightReader, policy: PrecisionPolicy,
+                 max_positions: Optional[int] = None):
+        super().__init__()
+        self.cfg, self.policy = cfg, policy
+        self.register_buffer("embed_weight", w.get("model.embed_tokens.weight"))  # [vocab, hidden]
+        self.tied_head = cfg.tied_head
+        if not cfg.tied_head:
+            if "lm_head.weight" not in w:
+                raise ModelDirError("untied model (tie_word_embeddings false) without lm_head.weight")
+            self.register_buffer("head_weight", w.get("lm_head.weight"))  # [vocab, hidden]
+        self.layers = nn.ModuleList(DecoderLayer(cfg, w, i, policy) for i in range(cfg.layers))
+        self.norm = RMSNorm(w.get("model.norm.weight"), cfg.rms_eps)
+        self.rope = Rope(cfg.head_dim, cfg.rope_theta, max_positions or cfg.max_positions,
+                         policy.torch_dtype, w.device)
+
+    @property
+    def lm_head(self) -> Tensor:
+        return self.embed_weight if self.tied_head else self.head_weight  # [V, hidden]
+
+    def embed(self, tokens: Tensor) -> Tensor:
+        # -> [T, hidden] residual stream in the policy's residual dtype
+        return self.embed_weight[tokens].to(self.policy.residual_torch_dtype)
+
+    def forward(self, tokens: Tensor, positions: Tensor, attend: Attend, rows: Optional[Tensor] = None,
+                keep_kv: bool = False) -> tuple[Tensor, list[KV]]:
+        """tokens/positions: [T] -> final-normed hidden states of `rows` ([R] row indices; all
+        T when None) as [R, hidden], and each layer's K/V when `keep_kv`."""
+        cos, sin = self.rope(positions)
+        x = self.embed(tokens)
+        kv: list[KV] = []
+        for i, layer in enumerate(self.layers):
+            q, k, v = layer.project_qkv(x, cos, sin)
+            x = layer.finish(x, attend(i, q, k, v))
+            if keep_kv:
+                kv.append((k, v))
+        if rows is not None:
+            x = x[rows]
+        return self.norm(x), kv
+
+    def label_logits(self, hidden: Tensor, token_ids: Tensor) -> Tensor:
+        """Logits of only the given vocabulary rows: hidden [S, hidden], ids [N] -> [S, N] float32."""
+        rows = self.lm_head[token_ids]  # [N, hidden]
+        return hidden.float() @ rows.float().t()
+
+
+def load_model(model_dir: Path, policy: PrecisionPolicy, device: str | torch.device = "cpu",
+               max_positions: Optional[int] = None) -> DecoderModel:
+    """Build the decoder for `model_dir` (its family from config.json) with weights in the
+    policy's dtype on `device`. `max_positions` sizes the rotary tables (default: config)."""
+    cfg = read_model_config(model_dir)
+    reader = WeightReader(Path(model_dir), policy.torch_dtype, torch.device(device))
+    model = DecoderModel(cfg, reader, policy, max_positions)
+    return model.eval()

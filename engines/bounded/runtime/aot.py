@@ -1,0 +1,142 @@
+"""Ahead-of-time compilation of graph entry points with AOTInductor, cached on disk.
+
+`load_or_compile` exports a program (torch.export, dynamic dims), compiles it with
+`aoti_compile_and_package` (weights become constants in the package) and loads it with
+`aoti_load_package`. The package is stored under the cache root
+(`$BOUNDED_BENCH_CACHE` or ~/.cache/bounded-bench) in `compiled/`, named by a digest of the
+`CompileKey`: model fingerprint, dtypes, device, torch version, planned sizes and the
+digest of the graph-defining source folders. A second start with the same key only loads.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+
+
+def cache_root() -> Path:
+    # same root as harness.presets.cache_root (engines never import harness)
+    root = os.environ.get("BOUNDED_BENCH_CACHE") or Path.home() / ".cache" / "bounded-bench"
+    return Path(root) / "compiled"
+
+
+# The folders whose code lies under a compiled graph or lays out its inputs: the programs,
+# the model and kernels they call, and the runtimes that export them and fill their
+# arguments. An edit anywhere in them is a new cache key (a stale package must never load);
+# tasks/, engine.py, options.py and plan.py only serve requests (plan sizes are in the key).
+GRAPH_FOLDERS = ("kernels", "model", "programs", "runtime")
+
+
+def source_digest(root: Optional[Path] = None) -> str:
+    """Digest of every .py file under GRAPH_FOLDERS of `root` (default: this package)."""
+    h = hashlib.sha256()
+    root = Path(__file__).parent.parent if root is None else root
+    for folder in GRAPH_FOLDERS:
+        for f in sorted((root / folder).rglob("*.py")):
+            h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class CompileKey:
+    program: str
+    model: str  # weights.fingerprint of the model directory
+    dtype: str
+    residual: str
+    gemm: str
+    device: str
+    torch_version: str
+    shapes: Any  # a frozen dataclass of the sizes the package is built for (plan.py)
+    code: str = field(default_factory=source_digest)  # the graph-defining sources
+    inductor: str = ""  # Inductor settings the package was compiled with (json)
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+
+    def package_path(self) -> Path:
+        return cache_root() / f"{self.program}-{self.digest()}.pt2"
+
+
+def device_tag(device: torch.device) -> str:
+    """What compiled code depends on: the device type, and for CUDA the architecture."""
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        return f"cuda-sm{major}{minor}-{torch.cuda.get_device_name(device)}"
+    return device.type
+
+
+@dataclass
+class Loaded:
+    runner: Callable[..., Any]
+    path: Path
+    compiled_now: bool  # False: loaded from the cache
+    seconds: float
+
+
+def load_or_compile(key: CompileKey, build: Callable[[], nn.Module], example_args: tuple,
+                    dynamic_shapes: tuple, log: Callable[[str], None],
+                    inductor_configs: Optional[dict[str, Any]] = None) -> Loaded:
+    """Load the package for `key`, compiling it first if the cache has none (or a broken one)."""
+    path = key.package_path()
+    t0 = time.perf_counter()
+    if path.is_file():
+        try:
+            runner = torch._inductor.aoti_load_package(str(path))
+            return Loaded(runner, path, False, time.perf_counter() - t0)
+        except Exception as e:  # a truncated or foreign package: rebuild it
+            log(f"cached package {path} does not load ({e}); recompiling")
+    compile_package(key, build(), example_args, dynamic_shapes, log, inductor_configs)
+    runner = torch._inductor.aoti_load_package(str(path))
+    return Loaded(runner, path, True, time.perf_counter() - t0)
+
+
+def compile_package(key: CompileKey, module: nn.Module, example_args: tuple, dynamic_shapes: tuple,
+                    log: Callable[[str], None], inductor_configs: Optional[dict[str, Any]] = None) -> Path:
+    path = key.package_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    log(f"compiling {key.program} with AOTInductor for {key.device}/{key.dtype} "
+        f"(once per model, dtype and shape policy; cached at {path}) ...")
+    t0 = time.perf_counter()
+    tmp = path.with_name(f"{path.stem}.tmp{os.getpid()}.pt2")
+    # no_grad for the compile too: under grad mode Inductor's freezing leaves every linear an
+    # aten mm on the plain weight; without it, the weights are prepacked for oneDNN.
+    with torch.inference_mode(False), torch.no_grad():
+        exported = torch.export.export(module, example_args, dynamic_shapes=dynamic_shapes)
+        log(f"exported in {time.perf_counter() - t0:.1f} s; compiling ...")
+        # a copy: Inductor adds its own entries to the dict it is given, and callers keep
+        # theirs in the cache key of the next package they compile
+        torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp),
+                                                 inductor_configs=dict(inductor_configs or {}))
+    os.replace(tmp, path)
+    path.with_suffix(".json").write_text(json.dumps(asdict(key), indent=1, sort_keys=True))
+    log(f"compiled {key.program} in {time.perf_counter() - t0:.1f} s")
+    prune_superseded(key, log)
+    return path
+
+
+# what may change between builds of the same package (the rest of the key names the package)
+_BUILD_FIELDS = ("code", "torch_version", "inductor")
+
+
+def prune_superseded(key: CompileKey, log: Callable[[str], None]) -> None:
+    """Delete cached packages that differ from `key` only in build fields (older sources,
+    torch or Inductor settings): nothing will load them again, and each is ~1 GB."""
+    mine = {k: v for k, v in asdict(key).items() if k not in _BUILD_FIELDS}
+    for meta in key.package_path().parent.glob(f"{key.program}-*.json"):
+        if meta.stem == key.package_path().stem:
+            continue
+        try:
+            other = json.loads(meta.read_text())
+        except (OSError, ValueError):
+            continue
+        if {k: v for k, v in other.items() if k not in _BUILD_FIELDS} == mine:
+            meta.with_suffix(".pt2").unlink(missing_ok=True)
+            meta.unlink(missing_ok=True)
+            log(f"removed superseded package {meta.with_suffix('.pt2').name}")

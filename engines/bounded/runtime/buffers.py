@@ -1,0 +1,158 @@
+"""The planned buffers of both runtimes, allocated once at start from the plan; a batch only
+fills a prefix of them.
+
+Packing: the valid tokens of many sequences as one [T] sequence, and the one explicit
+metadata object (`PackedBatch`) the hot path reads: positions, padded-view indices, last
+rows; `PackBuffers` holds its index buffers. `BeamBuffers`: the prompt K/V (written once
+per batch), each beam's suffix K/V in two ping-pong buffers, the head's output rows.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+import math
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from engines.bounded.model.config import ModelConfig
+from engines.bounded.plan import BeamPlan
+
+
+@dataclass(frozen=True)
+class PackedBatch:
+    tokens: Tensor  # [T] int64 token ids, sequences back to back
+    positions: Tensor  # [T] position of each token within its sequence
+    pad_index: Tensor  # [S, L] packed row of (sequence, position); past the end: the last row
+    unpad_index: Tensor  # [T] row of the flattened [S*L] padded view for each token
+    last_index: Tensor  # [S] packed row of each sequence's last token
+    spans: tuple[tuple[int, int], ...]  # host copy: (start, end) of each sequence
+    cu_seqlens: Tensor  # [S+1] int64 on the host: sequence offsets (start of each, then T)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.spans)
+
+    def varlen_args(self) -> tuple[Tensor, ...]:
+        """The tensors a varlen-attention prefill graph takes (programs.ScorePrefill)."""
+        return self.tokens, self.positions, self.cu_seqlens, self.last_index
+
+
+class PackBuffers:
+    """Index buffers for up to `max_tokens` tokens in `max_seqs` sequences of at most
+    `max_len` tokens each, on `device`."""
+
+    def __init__(self, max_tokens: int, max_seqs: int, max_len: int, device: torch.device):
+        self.max_tokens, self.max_seqs, self.max_len = max_tokens, max_seqs, max_len
+        i64 = dict(dtype=torch.int64, device=device)
+        self.tokens = torch.zeros(max_tokens, **i64)
+        self.positions = torch.zeros(max_tokens, **i64)
+        self.unpad_index = torch.zeros(max_tokens, **i64)
+        self.last_index = torch.zeros(max_seqs, **i64)
+        # no sequence is longer than the token budget, so S*L <= max_seqs * min(max_len, budget)
+        self.pad_index = torch.zeros(max_seqs * min(max_len, max_tokens), **i64)
+        self.cu_seqlens = torch.zeros(max_seqs + 1, dtype=torch.int64)  # host: read by the attention op
+
+    def pack(self, seqs: Sequence[Sequence[int]]) -> PackedBatch:
+        lengths = [len(s) for s in seqs]
+        total, n, longest = sum(lengths), len(seqs), max(lengths)
+        if n > self.max_seqs or total > self.max_tokens or longest > self.max_len or min(lengths) < 1:
+            raise ValueError(f"batch of {n} sequences, {total} tokens, longest {longest} is outside "
+                             f"the planned buffers ({self.max_seqs} sequences, {self.max_tokens} "
+                             f"tokens, {self.max_len} per sequence, none empty)")
+        flat = [t for s in seqs for t in s]
+        meta = _index_arrays(torch.tensor(lengths), longest)
+        tokens = _fill(self.tokens, torch.tensor(flat, dtype=torch.int64))
+        positions = _fill(self.positions, meta["positions"])
+        unpad = _fill(self.unpad_index, meta["unpad_index"])
+        last = _fill(self.last_index, meta["last_index"])
+        pad = _fill(self.pad_index, meta["pad_index"].reshape(-1)).view(n, longest)
+        starts = meta["starts"].tolist()
+        spans = tuple((s, s + l) for s, l in zip(starts, lengths))
+        cu = _fill(self.cu_seqlens, torch.tensor(starts + [total], dtype=torch.int64))
+        return PackedBatch(tokens, positions, pad, unpad, last, spans, cu)
+
+
+def _fill(buffer: Tensor, values: Tensor) -> Tensor:
+    view = buffer[: values.shape[0]]
+    view.copy_(values)
+    return view
+
+
+def _index_arrays(lengths: Tensor, longest: int) -> dict[str, Tensor]:
+    # lengths: [S] -> the index tensors of a PackedBatch (host side, int64)
+    ends = lengths.cumsum(0)
+    starts = ends - lengths
+    seq_of_token = torch.repeat_interleave(torch.arange(len(lengths)), lengths)  # [T]
+    positions = torch.arange(int(ends[-1])) - starts[seq_of_token]
+    cols = torch.arange(longest)[None, :]  # [1, L]
+    pad_index = starts[:, None] + torch.minimum(cols, lengths[:, None] - 1)  # [S, L]
+    return {
+        "starts": starts,
+        "positions": positions,
+        "pad_index": pad_index,
+        "unpad_index": seq_of_token * longest + positions,
+        "last_index": ends - 1,
+    }
+
+
+def pack(seqs: Sequence[Sequence[int]], device: torch.device | str = "cpu") -> PackedBatch:
+    """Pack into buffers of exactly this size (export examples, tests)."""
+    lengths = [len(s) for s in seqs]
+    bufs = PackBuffers(sum(lengths), len(seqs), max(lengths), torch.device(device))
+    return bufs.pack(seqs)
+
+
+def example_batch(n: int, length: int, device: torch.device) -> PackedBatch:
+    """An export example of n sequences of `length` and `length - 1` tokens alternately:
+    T != S * L, so export unifies no two dynamic dims."""
+    return pack([[1] * (length - (i % 2)) for i in range(n)], device)
+
+
+class BeamBuffers:
+    """K/V and index buffers for `plan`, allocated once; batches use contiguous prefixes."""
+
+    def __init__(self, cfg: ModelConfig, plan: BeamPlan, dtype: torch.dtype, device: torch.device):
+        self.cfg, self.plan = cfg, plan
+        f32 = dict(dtype=torch.float32, device=device)
+        per_prompt = cfg.layers * cfg.kv_heads * plan.max_prompt * cfg.head_dim
+        per_row = cfg.layers * plan.suffix_slots * cfg.kv_heads * cfg.head_dim
+        self.prompt_kv = [torch.zeros(plan.max_requests * per_prompt, **f32) for _ in range(2)]
+        self.suffix_kv = [[torch.zeros(plan.max_rows * per_row, **f32) for _ in range(2)]
+                          for _ in range(2)]  # [ping|pong][k|v]
+        self.pack = PackBuffers(plan.max_requests * plan.max_prompt, plan.max_requests,
+                                plan.max_prompt, device)
+        # the head: log-probabilities of every row (float32), and its GEMM's own output dtype
+        self.logp = torch.zeros(plan.max_rows * cfg.vocab, **f32)
+        self.logits = None if dtype == torch.float32 else \
+            torch.zeros(plan.max_rows * cfg.vocab, dtype=dtype, device=device)
+        i64 = dict(dtype=torch.int64, device=device)
+        self.tokens = torch.zeros(plan.max_rows, **i64)
+        self.positions = torch.zeros(plan.max_rows, **i64)
+        self.prompt_len = torch.zeros(plan.max_requests, **i64)
+
+    def nbytes(self) -> int:
+        flat = [*self.prompt_kv, *(t for pair in self.suffix_kv for t in pair), self.logp]
+        flat += [self.logits] if self.logits is not None else []
+        return sum(t.numel() * t.element_size() for t in flat)
+
+    def prompt_views(self, r: int, p: int) -> tuple[Tensor, Tensor]:
+        c = self.cfg
+        shape = (c.layers, r, c.kv_heads, p, c.head_dim)
+        n = math.prod(shape)
+        return tuple(t[:n].view(shape) for t in self.prompt_kv)  # type: ignore[return-value]
+
+    def head_views(self, b: int) -> tuple[Tensor, Optional[Tensor]]:
+        n = b * self.cfg.vocab
+        logits = None if self.logits is None else self.logits[:n].view(b, -1)
+        return self.logp[:n].view(b, -1), logits
+
+    def suffix_views(self, which: int, b: int) -> tuple[Tensor, Tensor]:
+        c = self.cfg
+        shape = (c.layers, b, self.plan.suffix_slots, c.kv_heads, c.head_dim)
+        n = math.prod(shape)
+        return tuple(t[:n].view(shape) for t in self.suffix_kv[which])  # type: ignore[return-value]

@@ -1,0 +1,66 @@
+"""What the task kinds share: a task is a runtime, a static DAG over typed stage data and a
+batching rule. The engine holds one task per kind it serves and knows nothing else of them.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any, Callable, Optional
+
+from engines.base import Bounds, EngineConfig, EngineError, Request, RequestRejected, Result
+from engines.bounded.model.families import read_model_config
+from engines.bounded.model.precision import PrecisionPolicy
+from engines.bounded.plan import Plan
+from engines.bounded.runtime.compiled import CompiledRuntime
+from engines.bounded.tasks.batcher import Usage
+from engines.bounded.tasks.dag import Dag
+
+
+class Task:
+    kind: str
+    """Subclasses build `self.dag`: request-scope input "request", one request-scope node
+    "tokenize" (its output is what the batcher holds), batch-scope input "items" (those
+    outputs, in order), and a last node "format" -> one Result per item."""
+
+    def __init__(self, runtime: CompiledRuntime, bounds: Bounds, plan: Any, dag: Dag):
+        self.runtime, self.bounds, self.plan, self.dag = runtime, bounds, plan, dag
+        self.tokenizer: Optional[Any] = None
+        self.vocab = 0
+
+    @classmethod
+    def create(cls, config: EngineConfig, policy: PrecisionPolicy, plan: Plan, compile_mode: str,
+               log: Callable[[str], None]) -> "Task":
+        """The task with its runtime, for an engine's config (nothing is loaded yet)."""
+        raise NotImplementedError
+
+    def compile(self) -> dict[str, Any]:
+        return self.runtime.compile()
+
+    def start(self, tokenizer: Any) -> None:
+        self.tokenizer, self.vocab = tokenizer, read_model_config(self.runtime.model_dir).vocab
+        self.runtime.start()
+        self.runtime.warm_up(self.warm_up)
+
+    def warm_up(self) -> None:
+        """One small batch through the batch scope (first-call initialisation)."""
+        raise NotImplementedError
+
+    def usage(self) -> Usage:
+        """The empty tally of a new batch (the batcher's rule for this kind)."""
+        raise NotImplementedError
+
+    def prepare(self, request: Request, stages: dict[str, float]) -> Any:
+        """The request scope: check and tokenize one request; a bad one fails alone, here."""
+        try:
+            return self.dag.run("request", {"request": request}, stages)["tokenize"]
+        except EngineError:
+            raise
+        except Exception as e:  # malformed input the tokenizer chokes on
+            raise RequestRejected(f"request {request.id}: {type(e).__name__}: {e}") from e
+
+    def run(self, items: list[Any], stages: dict[str, float]) -> list[Result]:
+        """The batch scope: one merged execution of the prepared requests."""
+        return self.dag.run("batch", {"items": items}, stages)["format"]
+
+    def describe(self) -> dict[str, Any]:
+        return {"status": dict(self.runtime.status), "plan": asdict(self.plan),
+                "dag": {"request": self.dag.names("request"), "batch": self.dag.names("batch")}}

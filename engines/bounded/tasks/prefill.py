@@ -1,0 +1,129 @@
+"""The prefill_only task: tokenize -> pack -> prefill -> score -> format.
+
+`tokenize` is request-scoped (it validates one business request against the bounds, so a
+bad request fails alone, before batching); the rest run once per merged batch of requests.
+`PrefillUsage` is the batcher's rule: packed tokens, sequences and distinct labels under
+the plan's budget.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from engines.base import PREFILL_ONLY, Bounds, EngineConfig, PrefillRequest, PrefillResult, RequestRejected
+from engines.bounded.model.precision import PrecisionPolicy
+from engines.bounded.plan import Plan, PrefillPlan
+from engines.bounded.runtime.buffers import PackedBatch
+from engines.bounded.runtime.prefill import PrefillRuntime
+from engines.bounded.tasks.base import Task
+from engines.bounded.tasks.batcher import Pending
+from engines.bounded.tasks.dag import Dag, Node
+from engines.tokens import apply_bounds, encode, label_ids
+
+
+@dataclass(frozen=True)
+class ScoreItem:
+    """One request, tokenized and checked (the request scope's output)."""
+
+    id: str
+    seqs: list[list[int]]
+    label_ids: list[int]
+
+
+@dataclass(frozen=True)
+class ScoreBatch:
+    """Several requests packed into one call."""
+
+    packed: PackedBatch
+    label_union: Tensor  # [N] the distinct label ids of all requests
+    rows: list[tuple[int, int]]  # per request: its sequences' [start, end) in the batch
+    cols: list[Tensor]  # per request: its labels' columns of label_union
+
+
+class PrefillUsage:
+    def __init__(self, budget: PrefillPlan):
+        self.budget, self.seqs, self.tokens, self.labels = budget, 0, 0, set()
+
+    def fits(self, p: Pending) -> bool:
+        item: ScoreItem = p.item
+        b = self.budget
+        seqs = self.seqs + len(item.seqs)
+        tokens = self.tokens + sum(map(len, item.seqs))
+        labels = self.labels | set(item.label_ids)
+        return seqs <= b.max_seqs and tokens <= b.max_tokens and len(labels) <= b.max_labels
+
+    def add(self, p: Pending) -> None:
+        self.seqs += len(p.item.seqs)
+        self.tokens += sum(map(len, p.item.seqs))
+        self.labels |= set(p.item.label_ids)
+
+
+class PrefillTask(Task):
+    kind = PREFILL_ONLY
+    runtime: PrefillRuntime
+
+    def __init__(self, runtime: PrefillRuntime, bounds: Bounds, plan: PrefillPlan):
+        super().__init__(runtime, bounds, plan, Dag([
+            Node("tokenize", self.tokenize, ("request",), scope="request"),
+            Node("pack", self.pack, ("items",)),
+            Node("prefill", self.prefill, ("pack",)),
+            Node("score", self.score, ("prefill", "pack")),
+            Node("format", self.format, ("items", "score")),
+        ], inputs={"request": ("request",), "batch": ("items",)}))
+
+    @classmethod
+    def create(cls, config: EngineConfig, policy: PrecisionPolicy, plan: Plan, compile_mode: str,
+               log: Callable[[str], None]) -> "PrefillTask":
+        runtime = PrefillRuntime(config.model_dir, policy, config.device, plan.prefill, compile_mode, log)
+        return cls(runtime, config.bounds, plan.prefill)
+
+    def usage(self) -> PrefillUsage:
+        return PrefillUsage(self.plan)
+
+    def warm_up(self) -> None:
+        p = self.plan  # a small call: 3 sequences of 7 tokens, or what fits
+        n = min(p.max_seqs, 3)
+        self.run([ScoreItem("warm-up", [[0] * max(1, min(p.max_len, 7, p.max_tokens // n))] * n, [0, 1])], {})
+
+    # --- nodes ----------------------------------------------------------------------------
+
+    def tokenize(self, req: PrefillRequest) -> ScoreItem:
+        labels = label_ids(self.tokenizer, req.labels)
+        if not labels or len(labels) > self.plan.max_labels or len(set(labels)) != len(labels):
+            raise RequestRejected(f"{len(labels)} labels {labels}: give 1..{self.plan.max_labels} "
+                                  "distinct labels")
+        texts = [s for s in req.samples if isinstance(s, str)]
+        encoded = iter(self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else [])
+        seqs = [list(next(encoded)) if isinstance(s, str) else encode(self.tokenizer, s)
+                for s in req.samples]
+        seqs = apply_bounds(self.bounds, seqs)
+        bad = [t for t in labels + [t for s in seqs for t in s] if not 0 <= t < self.vocab]
+        if bad:
+            raise RequestRejected(f"token ids outside the vocabulary [0, {self.vocab}): {bad[:5]}")
+        total = sum(map(len, seqs))
+        if total > self.plan.max_tokens:
+            raise RequestRejected(f"{total} tokens exceed the batch budget of {self.plan.max_tokens} "
+                                  "(engine option max_batch_tokens)")
+        return ScoreItem(req.id, seqs, labels)
+
+    def pack(self, items: list[ScoreItem]) -> ScoreBatch:
+        union = sorted({t for it in items for t in it.label_ids})
+        col = {t: i for i, t in enumerate(union)}
+        rows, seqs = [], []
+        for it in items:
+            rows.append((len(seqs), len(seqs) + len(it.seqs)))
+            seqs.extend(it.seqs)
+        return ScoreBatch(self.runtime.pack(seqs), torch.tensor(union, dtype=torch.int64), rows,
+                          [torch.tensor([col[t] for t in it.label_ids]) for it in items])
+
+    def prefill(self, batch: ScoreBatch) -> Tensor:
+        return self.runtime.run(batch.packed, batch.label_union)  # [S, N_union]
+
+    def score(self, logits: Tensor, batch: ScoreBatch) -> list[Tensor]:
+        return [torch.softmax(logits[a:b][:, cols], dim=-1) for (a, b), cols in zip(batch.rows, batch.cols)]
+
+    def format(self, items: list[ScoreItem], probs: list[Tensor]) -> list[PrefillResult]:
+        return [PrefillResult(it.id, p.tolist()) for it, p in zip(items, probs)]

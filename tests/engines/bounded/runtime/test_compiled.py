@@ -1,0 +1,150 @@
+"""The compiled-runtime base, through both runtimes: the compiled graphs agree with eager
+(and with transformers), the disk cache is reused for the same key and rebuilt for a
+changed one, and a failing compiler falls back to eager."""
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+import torch
+
+from engines.base import BeamRequest, Bounds, EngineConfig, PrefillRequest
+from engines.bounded.engine import BoundedEngine
+from engines.bounded.runtime import aot
+
+from ..beam_reference import assert_same_beams, hf_beams
+from ..conftest import random_seqs, reference
+from ..tasks.test_beam import _prompt
+from ..test_engine_beam import gather, output
+from ..test_engine_beam import start as start_beam
+
+BOUNDS = Bounds(max_samples_per_request=4, max_prompt_tokens=48)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("bounded-cache")
+
+
+@pytest.fixture
+def engine_factory(cache, monkeypatch):
+    from harness.presets import materialise
+
+    model_dir = materialise("tiny", log=lambda s: None)  # before the cache root moves
+    monkeypatch.setenv("BOUNDED_BENCH_CACHE", str(cache))
+    started = []
+
+    def make(dtype="float32", **options):
+        e = BoundedEngine(EngineConfig(model_dir, dtype, "cpu", BOUNDS, "prefill_only",
+                                       {"compile": "aot", **options}))
+        e.start()
+        started.append(e)
+        return e
+
+    yield make
+    for e in started:
+        e.stop()
+
+
+async def _gather(engine, reqs):
+    return await asyncio.gather(*(engine.submit(r) for r in reqs))
+
+
+def _requests(n=3):
+    rng = random.Random(5)
+    return [PrefillRequest(f"r{i}", random_seqs(rng, rng.randint(1, 4), 1, 48), [11, 22, 33]) for i in range(n)]
+
+
+def test_compile_once_then_load_and_recompile_on_key_change(engine_factory, cache):
+    first = engine_factory()
+    status, d = _status(first), _package(first)
+    assert status["compile"] == "aot" and d["compiled_now"] is True
+    assert str(cache) in d["package"]
+    reqs = _requests()
+    got = asyncio.run(_gather(first, reqs))
+    ref = reference(first.config.model_dir)
+    for r, res in zip(reqs, got):
+        assert (torch.tensor(res.scores) - ref.scores(r.samples, r.labels)).abs().max().item() < 1e-4
+
+    second = engine_factory()  # same key: loads the cached package
+    assert _package(second)["compiled_now"] is False
+    assert _package(second)["package"] == d["package"]
+    again = asyncio.run(second.submit(reqs[0]))
+    assert torch.allclose(torch.tensor(again.scores), torch.tensor(got[0].scores), atol=1e-6)
+
+    bf16 = engine_factory("bfloat16")  # changed key: compiles a new package
+    assert _package(bf16)["compiled_now"] is True
+    assert _package(bf16)["package"] != d["package"]
+    assert len(list(cache.glob("compiled/*.pt2"))) == 2
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():  # the layers' GEMMs use prepacked oneDNN weights
+        assert "aoti_torch_cpu__linear_pointwise" in _extern_calls(_package(bf16)["package"])
+
+
+def _status(engine) -> dict:
+    return engine.describe()["prefill_only"]["status"]
+
+
+def _package(engine) -> dict:
+    return _status(engine)["packages"]["score_prefill"]
+
+
+def _extern_calls(package: str) -> set[str]:
+    """The aten/oneDNN functions an AOTInductor package's generated wrapper calls."""
+    import re
+    import zipfile
+
+    with zipfile.ZipFile(package) as z:
+        src = "".join(z.read(n).decode() for n in z.namelist() if n.endswith("wrapper.cpp"))
+    return set(re.findall(r"aoti_torch_cpu_\w+", src))
+
+
+def test_compile_failure_falls_back_to_eager(engine_factory, monkeypatch):
+    def broken(*a, **k):
+        raise RuntimeError("no C++ compiler here")
+
+    monkeypatch.setattr(aot, "compile_package", broken)
+    e = engine_factory(max_labels=7)  # a key not in the cache, so compilation is attempted
+    d = _status(e)
+    assert d["compile"] == "eager" and "no C++ compiler here" in d["fallback_reason"]
+    res = asyncio.run(e.submit(_requests(1)[0]))
+    assert len(res.scores) == len(_requests(1)[0].samples)
+
+
+def test_beam_aot_graphs_agree_with_eager(tiny_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("BOUNDED_BENCH_CACHE", str(tmp_path))
+    bounds = Bounds(max_samples_per_request=1, max_prompt_tokens=64, max_beam_width=16, max_decode_steps=3)
+    compiled = start_beam(tiny_dir, bounds=bounds, compile="aot")
+    engine = start_beam(tiny_dir, max_wait_ms=200, max_batch_beams=160)  # eager
+    try:
+        status = compiled.describe()["beam_search"]["status"]
+        assert status["compile"] == "aot" and set(status["packages"]) == {"beam_prefill", "beam_step_w16"}
+        rng = random.Random(3)
+        reqs = [BeamRequest(f"r{i}", _prompt(i, rng.randint(1, 64)), w, 3) for i, w in enumerate((16, 9, 1))]
+        for got, want in zip(asyncio.run(gather(compiled, reqs)), asyncio.run(gather(engine, reqs))):
+            assert_same_beams(output(got), output(want))
+    finally:
+        compiled.stop()
+        engine.stop()
+    again = start_beam(tiny_dir, bounds=bounds, compile="aot")  # a second start only loads both
+    try:
+        packages = again.describe()["beam_search"]["status"]["packages"]
+        assert {n: p["compiled_now"] for n, p in packages.items()} == {"beam_prefill": False, "beam_step_w16": False}
+    finally:
+        again.stop()
+
+
+def test_beam_compile_failure_falls_back_to_eager(tiny_dir, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("no C++ compiler")
+
+    monkeypatch.setattr(aot, "load_or_compile", broken)
+    e = start_beam(tiny_dir, bounds=Bounds(max_samples_per_request=1, max_prompt_tokens=16, max_beam_width=4,
+                                           max_decode_steps=2), compile="aot")
+    try:
+        status = e.describe()["beam_search"]["status"]
+        assert status["compile"] == "eager" and "no C++ compiler" in status["fallback_reason"]
+        res = asyncio.run(e.submit(BeamRequest("r", [1, 2, 3], 4, 2)))
+        assert_same_beams(output(res), hf_beams(tiny_dir, [1, 2, 3], 4, 2))
+    finally:
+        e.stop()

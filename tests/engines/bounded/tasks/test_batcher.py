@@ -1,0 +1,134 @@
+"""The batcher: merging under a task's budget, per-request outcomes, callers that give up,
+closing, and the beam rule (requests with different decode steps never share a run)."""
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from engines.base import EngineError
+from engines.bounded.plan import BeamPlan, PrefillPlan
+from engines.bounded.runtime.beam import BeamJob
+from engines.bounded.tasks.batcher import Batcher
+from engines.bounded.tasks.beam import BeamUsage
+from engines.bounded.tasks.prefill import PrefillUsage, ScoreItem
+
+
+def _item(n_seqs, length, labels=(1, 2), id="r"):
+    return ScoreItem(id, [[0] * length] * n_seqs, list(labels))
+
+
+def test_batcher_merges_within_budget_and_isolates_outcomes():
+    seen = []
+
+    def execute(batch):
+        seen.append(len(batch))
+        return [ValueError("bad") if p.item.id == "bad" else len(p.item.seqs) for p in batch]
+
+    async def main():
+        budget = PrefillPlan(max_tokens=40, max_seqs=8, max_len=40, max_labels=3)
+        b = Batcher(execute, ThreadPoolExecutor(1), lambda: PrefillUsage(budget), max_wait_s=0.05)
+        items = [_item(2, 10), _item(2, 10), _item(1, 5, id="bad"),
+                 _item(1, 10, labels=(7, 8))]  # 4th: label union would be 4 > 3
+        out = await asyncio.gather(*(b.submit(s, {}) for s in items), return_exceptions=True)
+        b.close()
+        return out
+
+    out = asyncio.run(main())
+    assert out[0] == 2 and out[1] == 2 and isinstance(out[2], ValueError) and out[3] == 1
+    # 2x10 + 2x10 = 40 tokens fit; the bad one (5 more) does not
+    assert seen == [2, 1, 1]
+
+
+def _gated(seen):
+    """An execute that records each batch's ids and waits for `gate` before answering."""
+    gate = threading.Event()
+
+    def execute(batch):
+        seen.append([p.item.id for p in batch])
+        gate.wait(5)
+        return [p.item.id for p in batch]
+    return execute, gate
+
+
+def test_a_caller_that_gives_up_while_queued_never_reaches_the_model():
+    seen = []
+    execute, gate = _gated(seen)
+
+    async def main():
+        b = Batcher(execute, ThreadPoolExecutor(1), lambda: PrefillUsage(PrefillPlan(100, 1, 100, 8)), 0.0)
+        first = asyncio.ensure_future(b.submit(_item(1, 5, id="first"), {}))
+        await asyncio.sleep(0.05)  # "first" is in the model now; the next two queue
+        gone = asyncio.ensure_future(b.submit(_item(1, 5, id="gone"), {}))
+        kept = asyncio.ensure_future(b.submit(_item(1, 5, id="kept"), {}))
+        await asyncio.sleep(0.01)
+        gone.cancel()
+        gate.set()
+        out = await asyncio.gather(first, kept)
+        b.close()
+        return out, gone.cancelled()
+
+    (first, kept), cancelled = asyncio.run(main())
+    assert (first, kept, cancelled) == ("first", "kept", True)
+    assert seen == [["first"], ["kept"]]
+
+
+def test_a_caller_that_gives_up_during_the_run_leaves_the_others_their_results():
+    seen = []
+    execute, gate = _gated(seen)
+
+    async def main():
+        b = Batcher(execute, ThreadPoolExecutor(1), lambda: PrefillUsage(PrefillPlan(100, 8, 100, 8)), 0.02)
+        futs = [asyncio.ensure_future(b.submit(_item(1, 5, id=i), {})) for i in "abc"]
+        await asyncio.sleep(0.1)  # all three in one run, which waits for the gate
+        futs[1].cancel()
+        gate.set()
+        out = await asyncio.gather(*futs, return_exceptions=True)
+        b.close()
+        return out
+
+    a, b_, c = asyncio.run(main())
+    assert seen == [["a", "b", "c"]] and (a, c) == ("a", "c") and isinstance(b_, asyncio.CancelledError)
+
+
+def test_close_fails_what_it_holds_and_refuses_more():
+    seen = []
+    execute, gate = _gated(seen)
+
+    async def main():
+        b = Batcher(execute, ThreadPoolExecutor(1), lambda: PrefillUsage(PrefillPlan(100, 1, 100, 8)), 0.0)
+        running = asyncio.ensure_future(b.submit(_item(1, 5, id="running"), {}))
+        await asyncio.sleep(0.05)
+        queued = asyncio.ensure_future(b.submit(_item(1, 5, id="queued"), {}))
+        await asyncio.sleep(0.01)
+        b.close()
+        out = await asyncio.wait_for(asyncio.gather(running, queued, return_exceptions=True), 2)
+        gate.set()
+        with pytest.raises(EngineError, match="stopping"):
+            await b.submit(_item(1, 5, id="late"), {})
+        return out
+
+    running, queued = asyncio.run(main())
+    assert all(isinstance(o, EngineError) and "stopped before answering" in str(o) for o in (running, queued))
+    assert seen == [["running"]]  # the queued one never reached the model
+
+
+def test_beams_with_different_decode_steps_never_share_a_run():
+    seen = []
+
+    def execute(batch):
+        seen.append([(p.item.id, p.item.steps) for p in batch])
+        return [p.item.id for p in batch]
+
+    async def main():
+        b = Batcher(execute, ThreadPoolExecutor(1), lambda: BeamUsage(BeamPlan(2, 8, 4, 16)), 0.05)
+        jobs = [BeamJob([1], 8, steps, id=f"r{i}") for i, steps in enumerate((2, 2, 2, 3, 2))]
+        out = await asyncio.gather(*(b.submit(j, {}) for j in jobs))
+        b.close()
+        return out
+
+    assert asyncio.run(main()) == ["r0", "r1", "r2", "r3", "r4"]
+    # at most 2 requests per run (the plan), equal steps within a run, arrival order kept
+    assert seen == [[("r0", 2), ("r1", 2)], [("r2", 2)], [("r3", 3)], [("r4", 2)]]

@@ -1,0 +1,36 @@
+"""Engine options: parsed and checked once; an unknown or bad option says what is known
+or allowed."""
+from __future__ import annotations
+
+import pytest
+
+from engines.bounded.options import BoundedOptions, OptionError
+
+
+def test_defaults_and_conversions():
+    assert BoundedOptions.parse({}) == BoundedOptions()
+    o = BoundedOptions.parse({"max_batch_tokens": "4096", "max_wait_ms": "0.5", "fp8": "down", "compile": "eager"})
+    assert (o.max_batch_tokens, o.max_wait_ms, o.fp8, o.compile) == (4096, 0.5, ("down",), "eager")
+    assert BoundedOptions.parse({"fp8": ["qkv", "o"]}).fp8 == ("qkv", "o")
+
+
+def test_unknown_option_lists_the_known_ones():
+    with pytest.raises(OptionError) as e:
+        BoundedOptions.parse({"compiel": "aot", "max_batch": 3})
+    msg = str(e.value)
+    assert "unknown bounded-engine option(s) compiel, max_batch" in msg
+    assert "known options: compile, max_wait_ms, max_batch_tokens, max_batch_seqs, max_labels, " \
+           "max_batch_beams, residual, fp8" in msg
+
+
+@pytest.mark.parametrize("options,says", [
+    ({"compile": "jit"}, "compile='jit'; choose one of aot, eager"),
+    ({"residual": "int8"}, "residual='int8'; choose one of bfloat16, float32, float16"),
+    ({"fp8": ["mlp"]}, "fp8 groups ['mlp']; groups are qkv, o, gate_up, down"),
+    ({"max_labels": 0}, "max_labels >= 1"),
+    ({"max_wait_ms": -1}, "must be >= 0"),
+    ({"max_batch_tokens": "lots"}, "invalid literal"),
+])
+def test_bad_values_say_what_is_allowed(options, says):
+    with pytest.raises(OptionError, match=says.replace("[", r"\[").replace("]", r"\]")):
+        BoundedOptions.parse(options)
