@@ -52,6 +52,10 @@ class BoundedEngine(Engine):
         self._started = False
 
     @classmethod
+    def check_options(cls, options: dict[str, Any]) -> None:
+        BoundedOptions.parse(options)  # OptionError (a ValueError) names the option and the known ones
+
+    @classmethod
     def check_available(cls, config: EngineConfig) -> None:
         if config.task_kind is not None and config.task_kind not in TASKS:
             raise EngineUnavailable(f"bounded: task {config.task_kind!r} is not supported "

@@ -201,6 +201,9 @@ def test_unknown_option_lists_known_ones(tiny_dir_f32):
     cfg = EngineConfig(tiny_dir_f32, options={"compiel": "aot"})
     with pytest.raises(EngineUnavailable, match="known options: compile, max_wait_ms"):
         BoundedEngine.check_available(cfg)
+    with pytest.raises(ValueError, match="known options: compile, max_wait_ms"):  # at scenario load
+        BoundedEngine.check_options({"compiel": "aot"})
+    BoundedEngine.check_options({"compile": "eager", "max_wait_ms": 1})
 
 
 @pytest.fixture(scope="module")
