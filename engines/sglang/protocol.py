@@ -84,18 +84,3 @@ def _greedy_beam(payload: dict[str, Any]) -> Beam:
     if len(logprobs) != len(ids):
         raise EngineError(f"SGLang returned {len(logprobs)} log-probs for {len(ids)} tokens")
     return Beam(token_ids=ids, text=payload.get("text", ""), logprob=float(sum(lp[0] for lp in logprobs)))
-
-
-def error_message(payload: Any, fallback: str) -> str:
-    """SGLang answers errors as {"message": ...} (OpenAI routes) or {"error": {"message": ...}}."""
-    if isinstance(payload, dict):
-        if isinstance(payload.get("message"), str):
-            return payload["message"]
-        err = payload.get("error")
-        if isinstance(err, dict) and isinstance(err.get("message"), str):
-            return err["message"]
-        if isinstance(err, str):
-            return err
-        if isinstance(payload.get("detail"), (str, list)):
-            return str(payload["detail"])
-    return fallback[:500]

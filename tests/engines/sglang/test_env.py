@@ -6,6 +6,7 @@ import shutil
 
 import pytest
 
+from engines.server import venv
 from engines.sglang import env
 
 DRIVER_ENTRY_POINTS = [
@@ -37,12 +38,12 @@ def _finished_env(root):
     (root / "bin" / "python").write_text("")
     env.stub_dir(root).mkdir()
     (env.stub_dir(root) / "libcuda.so.1").write_text("")
-    (root / env.MARKER).write_text(json.dumps({"sglang": "0.5.23"}))
+    (root / env.VENV.marker).write_text(json.dumps({"sglang": "0.5.23"}))
 
 
 def test_a_finished_env_is_reused_without_running_anything(tmp_path, monkeypatch):
     _finished_env(tmp_path / "venv")
-    monkeypatch.setattr(env, "_run", lambda *a, **k: pytest.fail("setup_env ran a command"))
+    monkeypatch.setattr(venv, "run", lambda *a, **k: pytest.fail("setup_env ran a command"))
     assert env.setup_env(tmp_path / "venv", log=lambda s: None) == tmp_path / "venv" / "bin" / "python"
 
 
@@ -58,7 +59,7 @@ def test_missing_compiler_is_a_clear_error(tmp_path, monkeypatch):
 
 
 def test_short_disk_is_a_clear_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(env, "MIN_FREE_GB", 1e9)
+    monkeypatch.setattr(env.SGLangVenv, "min_free_gb", 1e9)
     with pytest.raises(env.SGLangEnvError, match="GB free"):
         env.setup_env(tmp_path / "venv", log=lambda s: None)
     assert not (tmp_path / "venv").exists()

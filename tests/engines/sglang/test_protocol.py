@@ -77,8 +77,3 @@ def test_missing_beam_results_is_an_error():
     with pytest.raises(EngineError, match="meta_info"):
         protocol.parse_beams({"detail": "x"}, 4)
 
-
-def test_error_message_reads_both_sglang_error_shapes():
-    assert protocol.error_message({"object": "error", "message": "bad label"}, "") == "bad label"
-    assert protocol.error_message({"error": {"message": "no min_new_tokens"}}, "") == "no min_new_tokens"
-    assert protocol.error_message(None, "plain text body") == "plain text body"

@@ -1,55 +1,41 @@
-"""Launch `python -m sglang.launch_server` from SGLang's own environment, wait until it is
-healthy, and stop exactly the process group it started.
+"""Launch an inference server as a child process, wait until it is healthy, and stop exactly
+the process group it started.
 
-The server runs in a new session (its own process group): SGLang forks a scheduler and a
-detokenizer, and stopping the group takes them down with it without touching anything else.
+The server runs in a new session (its own process group): SGLang and vLLM fork scheduler,
+engine-core and worker processes, and stopping the group takes them down with it without
+touching anything else.
 """
 from __future__ import annotations
 
 import atexit
 import os
+import shlex
 import signal
 import socket
 import subprocess
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 import httpx
 
 from engines.base import EngineUnavailable
-from engines.sglang.env import cpu_server_env
-
-# What SGLang 0.5.23 needs on a CPU: the CPU engine, eager torch attention, and a KV pool
-# cap (without it the pool takes ~11 GB of RAM).
-CPU_ARGS = ("--device", "cpu", "--attention-backend", "torch_native", "--max-total-tokens", "16384")
 
 
 @dataclass(frozen=True)
 class LaunchSpec:
-    python: Path
-    model_dir: Path
-    dtype: str
-    device: str
+    """What to run: `command` (a server listening on `host:port`) in `env`, logging to `log_path`."""
+
+    label: str  # the server's name in messages, e.g. "SGLang"
+    command: tuple[str, ...]
     host: str
     port: int
-    extra_args: tuple[str, ...]
     log_path: Path
     startup_timeout_s: float
-
-    def command(self) -> list[str]:
-        cmd = [str(self.python), "-m", "sglang.launch_server", "--model-path", str(self.model_dir),
-               "--host", self.host, "--port", str(self.port), "--dtype", self.dtype]
-        if self.device == "cpu":
-            cmd += CPU_ARGS
-        elif self.device.startswith("cuda:"):
-            cmd += ["--base-gpu-id", self.device.split(":", 1)[1]]
-        return cmd + list(self.extra_args)  # extra args last: argparse lets them override ours
-
-    def environment(self) -> dict[str, str]:
-        return cpu_server_env(self.python) if self.device == "cpu" else dict(os.environ)
+    env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    health_route: str = "/health"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -66,8 +52,17 @@ def log_tail(path: Path, lines: int = 25) -> str:
         return "(no server log)"
 
 
+def split_args(args: str | Sequence[str] | None) -> tuple[str, ...]:
+    """Server arguments given as one shell-like string or as a list."""
+    if args is None:
+        return ()
+    if isinstance(args, str):
+        return tuple(shlex.split(args))
+    return tuple(str(a) for a in args)
+
+
 class LaunchedServer:
-    """One SGLang server process group that this object started."""
+    """One server process group that this object started."""
 
     def __init__(self, spec: LaunchSpec):
         self.spec = spec
@@ -77,10 +72,10 @@ class LaunchedServer:
     def start(self) -> None:
         self.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.spec.log_path, "ab") as log:
-            log.write(f"$ {' '.join(self.spec.command())}\n".encode())
+            log.write(f"$ {shlex.join(self.spec.command)}\n".encode())
             log.flush()
-            self._proc = subprocess.Popen(self.spec.command(), stdout=log, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, env=self.spec.environment(),
+            self._proc = subprocess.Popen(self.spec.command, stdout=log, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, env=self.spec.env,
                                           start_new_session=True)
         # Its own session does not get our Ctrl-C: make sure an exiting harness takes it down.
         atexit.register(self.stop)
@@ -94,18 +89,19 @@ class LaunchedServer:
         deadline = time.monotonic() + self.spec.startup_timeout_s
         while time.monotonic() < deadline:
             if not self.alive():
-                raise EngineUnavailable(f"SGLang server exited with code {self._proc.returncode} during "
-                                        f"start-up; last lines of {self.spec.log_path}:\n"
-                                        f"{log_tail(self.spec.log_path)}")
+                raise EngineUnavailable(f"{self.spec.label} server exited with code {self._proc.returncode} "
+                                        f"during start-up; {self.log_excerpt()}")
             try:
-                if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
+                if httpx.get(f"{self.url}{self.spec.health_route}", timeout=5).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
-        raise EngineUnavailable(f"SGLang server not healthy after {self.spec.startup_timeout_s:.0f} s "
-                                f"(option startup_timeout_s); last lines of {self.spec.log_path}:\n"
-                                f"{log_tail(self.spec.log_path)}")
+        raise EngineUnavailable(f"{self.spec.label} server not healthy after {self.spec.startup_timeout_s:.0f} s "
+                                f"(option startup_timeout_s); {self.log_excerpt()}")
+
+    def log_excerpt(self) -> str:
+        return f"last lines of {self.spec.log_path}:\n{log_tail(self.spec.log_path)}"
 
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
@@ -142,13 +138,3 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def split_args(args: str | Sequence[str] | None) -> tuple[str, ...]:
-    import shlex
-
-    if args is None:
-        return ()
-    if isinstance(args, str):
-        return tuple(shlex.split(args))
-    return tuple(str(a) for a in args)
