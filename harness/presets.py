@@ -46,6 +46,10 @@ PRESETS: dict[str, dict[str, Any]] = {
                    initializer_range=0.5),
     "tiny-qwen2": _qwen2(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, intermediate_size=128, initializer_range=0.5),
+    # `tiny` with head_dim 32: the smallest head size vLLM's CPU attention accepts.
+    "tiny-hd32": _qwen3(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=32, intermediate_size=128,
+                        initializer_range=0.5),
 }
 SEED = 0
 

@@ -17,6 +17,11 @@ def tiny_qwen2_dir():
 
 
 @pytest.fixture(scope="session")
+def tiny_hd32_dir():
+    return materialise("tiny-hd32")
+
+
+@pytest.fixture(scope="session")
 def tokenizer(tiny_dir):
     from harness.workload import load_tokenizer
 
