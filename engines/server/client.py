@@ -3,8 +3,8 @@ vLLM): options, connect-or-launch, the tokenizer, pooled HTTP, and the mapping o
 failures to the engine's error types.
 
 Text samples and string labels are tokenized here with the model's tokenizer, as in every
-engine, and checked by engines/validate.py; the server gets token ids, so it scores exactly the tokens
-the other engines score. A subclass says how to launch its server, what its routes are and
+engine, and checked by engines/validate.py; the server gets token ids, so it scores exactly
+the tokens the other engines score. A subclass says how to launch its server, what its routes are and
 how its bodies look.
 
 Failures: a 4xx is that request's RequestRejected; a 5xx, a timeout or a dropped connection

@@ -96,7 +96,7 @@ def test_allowed_codes_and_bounds_are_rejected_before_sending(tiny_hd32_dir):
     engine, calls = mock_engine(tiny_hd32_dir, label_answer)
     with pytest.raises(RequestRejected, match="allowed item codes"):
         asyncio.run(engine.submit(BeamRequest("b", [1, 2], 2, 2, allowed=[[3, 4]])))
-    with pytest.raises(RequestRejected, match="beam_width 9"):
+    with pytest.raises(RequestRejected, match="beam_width: 9 outside"):
         asyncio.run(engine.submit(BeamRequest("b", [1, 2], 9, 2)))
     with pytest.raises(RequestRejected, match="max_samples_per_request"):
         asyncio.run(engine.submit(PrefillRequest("r", [[1]] * 9, [1, 2])))
