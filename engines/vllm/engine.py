@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 from pydantic import Field
 
-from engines.base import Beam, EngineUnavailable
+from engines.base import Beam, EngineUnavailable, RequestRejected
 from engines.server import ServerEngine, ServerOptions
 from engines.vllm import protocol
 from engines.vllm.env import VENV, VLLM_VERSION
@@ -110,7 +110,13 @@ class VLLMEngine(ServerEngine):
         return protocol.parse_scores(payload, len(items), labels)
 
     async def beam_search(self, prompt: list[int], beam_width: int, decode_steps: int) -> list[Beam]:
-        payload = await self.post("/v1/completions", protocol.beam_body(prompt, beam_width, decode_steps))
+        try:
+            payload = await self.post("/v1/completions", protocol.beam_body(prompt, beam_width, decode_steps))
+        except RequestRejected as e:
+            if "logprobs" not in str(e):
+                raise
+            raise RequestRejected(f"{e} (vLLM's beam search asks for 2 x beam_width log-probs per step: "
+                                  f"the server needs --max-logprobs {2 * beam_width} or more)") from None
         return protocol.parse_beams(payload, beam_width)
 
 

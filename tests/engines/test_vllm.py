@@ -131,11 +131,18 @@ def test_width_one_is_greedy(server, ref):
     assert beam.logprob == pytest.approx(logprobs[range(4), want].sum().item(), abs=1e-3)
 
 
-def test_what_vllm_cannot_do_is_rejected_and_the_server_keeps_serving(server):
+def test_what_vllm_cannot_do_is_rejected_and_the_server_keeps_serving(server, tiny_hd32_dir):
     with pytest.raises(RequestRejected, match="allowed item codes"):
         asyncio.run(server.submit(BeamRequest("c", [1, 2, 3], 4, 3, allowed=[[7, 8, 9]])))
-    with pytest.raises(RequestRejected, match="HTTP 400"):  # vLLM refuses a label outside the vocabulary
-        asyncio.run(server.submit(PrefillRequest("e", [[1, 2]], [151936, 9454])))
+    # a client sized for wider beams than the server was launched for: vLLM refuses 2W log-probs
+    wide = VLLMEngine(EngineConfig(tiny_hd32_dir, "float32", bounds=Bounds(max_beam_width=16),
+                                   options={"url": server.url}))
+    wide.start()
+    try:
+        with pytest.raises(RequestRejected, match="HTTP 400(.|\n)*--max-logprobs 32"):
+            asyncio.run(wide.submit(BeamRequest("w", [1, 2, 3], 16, 2)))
+    finally:
+        wide.stop()
     assert asyncio.run(server.submit(PrefillRequest("ok", [[1, 2]], [9454, 2152]))).scores
 
 
