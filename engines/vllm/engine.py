@@ -18,7 +18,7 @@ Options (EngineConfig.options):
   server_args: list|str    extra server arguments, appended last (they override ours)
   host, port               where a launched server listens (default 127.0.0.1, a free port)
   startup_timeout_s: 300   how long a launched server may take to become healthy
-  per_sample: false        one completions call per sample, concurrently, re-assembled in order
+  per_sample: false        one completions call per sample (query + item), concurrently, re-assembled in order
   timeout_s: 120           per HTTP request
   max_connections: 512     HTTP connection pool size
   log_path: str            launched server's log (default under the cache folder)
@@ -105,8 +105,8 @@ class VLLMEngine(ServerEngine):
                 "launch_command": " ".join(launched.command) if launched else None,
                 "launch_env": {k: v for k, v in launched.env.items() if k.startswith("VLLM_")} if launched else None}
 
-    async def score(self, items: list[list[int]], labels: list[int]) -> list[list[float]]:
-        payload = await self.post("/v1/completions", protocol.score_body(items, labels))
+    async def score(self, query: list[int], items: list[list[int]], labels: list[int]) -> list[list[float]]:
+        payload = await self.post("/v1/completions", protocol.score_body([query + i for i in items], labels))
         return protocol.parse_scores(payload, len(items), labels)
 
     async def beam_search(self, prompt: list[int], beam_width: int, decode_steps: int) -> list[Beam]:

@@ -3,7 +3,8 @@ and the mapping of its answers back to our results. Pure functions: no I/O, so t
 is tested without a server.
 
 prefill_only -> one completions call per business request: `prompt` is the list of the
-samples' token-id lists, `max_tokens: 1`, and `logprob_token_ids` = the labels, which makes
+samples' token-id lists (a query request's samples are query + item_i: vLLM's prefix cache
+shares the query's full KV blocks between them), `max_tokens: 1`, and `logprob_token_ids` = the labels, which makes
 vLLM return each label's full-vocabulary log-probability at the sample's last position
 (computed in float32 from the raw logits, whatever the token sampled). The client
 normalises them over the labels: exactly our label softmax. Why this route and not vLLM's

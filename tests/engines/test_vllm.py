@@ -81,6 +81,14 @@ def test_scores_match_transformers(server, ref, tokenizer):
         assert sum(got) == pytest.approx(1.0, abs=1e-9)
 
 
+def test_a_query_request_scores_its_concatenations(server):
+    query, items = [100, 200, 300], [[7], [8, 9], [10, 11, 12]]
+    res = asyncio.run(server.submit(PrefillRequest.with_query("q", query, items, LABELS)))
+    plain = asyncio.run(server.submit(PrefillRequest("p", [query + i for i in items], LABELS)))
+    for got, exp in zip(res.scores, plain.scores, strict=True):
+        assert got == pytest.approx(exp, abs=1e-6)
+
+
 def test_per_sample_mode_gives_the_same_scores(server, tiny_hd32_dir):
     batched = asyncio.run(server.submit(PrefillRequest("p", SAMPLES, LABELS))).scores
     split = connect(server, tiny_hd32_dir, per_sample=True)

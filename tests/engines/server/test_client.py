@@ -19,7 +19,7 @@ class Echo(ServerEngine):
     def fetch_server_info(self, client):
         return client.get("/info").json()
 
-    async def score(self, items, labels):
+    async def score(self, query, items, labels):
         return (await self.post("/score", {"items": items}))["scores"]
 
 

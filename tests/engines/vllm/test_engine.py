@@ -64,6 +64,12 @@ def test_one_completions_call_per_business_request_with_label_strings(tiny_hd32_
     assert res.scores == [pytest.approx([e, 1 - e])] * 2
 
 
+def test_a_query_request_sends_the_concatenations(tiny_hd32_dir):
+    engine, calls = mock_engine(tiny_hd32_dir, label_answer)
+    res = asyncio.run(engine.submit(PrefillRequest.with_query("q", [9, 8], [[1], [2, 3]], [10, 20])))
+    assert calls[0]["prompt"] == [[9, 8, 1], [9, 8, 2, 3]] and len(res.scores) == 2
+
+
 def test_per_sample_sends_one_call_per_sample(tiny_hd32_dir):
     engine, calls = mock_engine(tiny_hd32_dir, label_answer, per_sample=True)
     res = asyncio.run(engine.submit(PrefillRequest("r", [[1], [1, 2], [1, 2, 3]], [10, 20])))
