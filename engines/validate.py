@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import json
 import numbers
+import threading
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -155,6 +157,8 @@ class RequestChecker:
         self.limits, self.tokenizer, self.names = limits, tokenizer, names
         self._labels: dict[tuple, list[int]] = {}
         self._codes: dict[int, tuple[object, _Codes]] = {}
+        self._token_bytes: int | None = None
+        self._lock = threading.Lock()
 
     def check(self, request: Request) -> Checked:
         if isinstance(request, PrefillRequest):
@@ -180,6 +184,10 @@ class RequestChecker:
         self._pieces([req.query] + list(items), isinstance(req.query, str))
         if self.tokenizer is None and isinstance(req.query, str):
             return CheckedPrefill(req.id, [[] for _ in items], labels)  # noop: lengths unknown
+        if isinstance(req.query, str):
+            self._text_fits(req.query, n.query, b.max_query_tokens, "max_query_tokens")
+            for k, item in enumerate(items):
+                self._text_fits(item, f"{n.items}.{k}", b.max_item_tokens + b.max_query_tokens, "max_item_tokens")
         query, item_ids = split_query(self.tokenizer, req.query, items)
         cap = b.max_item_tokens
         if query:
@@ -236,9 +244,10 @@ class RequestChecker:
             return hit
         ids = self._label_ids(labels, name)
         if key is not None:
-            if len(self._labels) >= 64:
-                self._labels.pop(next(iter(self._labels)))
-            self._labels[key] = ids
+            with self._lock:  # one checker may serve several threads (bench serve tokenizes in a pool)
+                if len(self._labels) >= 64:
+                    self._labels.pop(next(iter(self._labels)))
+                self._labels[key] = ids
         return ids
 
     def _label_ids(self, labels: Sequence[Any], name: str) -> list[int]:
@@ -287,6 +296,7 @@ class RequestChecker:
             if isinstance(s, str):
                 if not s:
                     raise RequestRejected(f"{name}.{k}: empty sample")
+                self._text_fits(s, f"{name}.{k}", self.limits.bounds.max_prompt_tokens)
                 texts.append(s)
             else:
                 problem = _ids_problem(s, self.limits.vocab, f"{name}.{k}")
@@ -294,6 +304,18 @@ class RequestChecker:
                     raise RequestRejected(problem)
         encoded = iter(self._encode_texts(texts))
         return [next(encoded) if isinstance(s, str) else [int(t) for t in s] for s in samples]
+
+    def _text_fits(self, text: str, where: str, cap: int, bound: str = "max_prompt_tokens") -> None:
+        """Refuse, without tokenizing it, text too long to be `cap` tokens whatever it encodes
+        to: a token is at most as many bytes as the longest vocabulary entry (bounds that
+        truncate keep the text: its end is what counts)."""
+        if self.tokenizer is None or self.limits.bounds.on_violation == "truncate":
+            return
+        if self._token_bytes is None:
+            self._token_bytes = longest_token_bytes(self.tokenizer)
+        if len(text) > cap * self._token_bytes:
+            raise RequestRejected(f"{where}: {len(text):,} characters are more than {bound} {cap} tokens "
+                                  f"(a token here is at most {self._token_bytes} bytes)")
 
     def _encode_texts(self, texts: list[str]) -> list[list[int] | None]:
         if self.tokenizer is None or not texts:
@@ -344,6 +366,7 @@ class RequestChecker:
         if isinstance(prompt, str):
             if not prompt:
                 raise RequestRejected(f"{name}: empty prompt")
+            self._text_fits(prompt, name, b.max_prompt_tokens)
             seq = self._encode_texts([prompt])[0]
             if seq is None:
                 return []
@@ -371,9 +394,10 @@ class RequestChecker:
         if hit is not None and hit[0] is allowed:
             return hit[1]
         summary = self._summarise_codes(allowed)
-        if len(self._codes) >= 8:
-            self._codes.pop(next(iter(self._codes)))
-        self._codes[id(allowed)] = (allowed, summary)
+        with self._lock:
+            if len(self._codes) >= 8:
+                self._codes.pop(next(iter(self._codes)))
+            self._codes[id(allowed)] = (allowed, summary)
         return summary
 
     def _summarise_codes(self, allowed: Any) -> _Codes:
@@ -396,6 +420,24 @@ class RequestChecker:
             lengths.add(len(code))
             distinct.add(code)
         return _Codes(len(distinct), frozenset(lengths), "")
+
+
+_LONGEST: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+
+
+def longest_token_bytes(tokenizer: Any) -> int:
+    """Bytes of the longest vocabulary entry (UTF-8 of its string form: an upper bound for a
+    byte-level vocabulary), found once per tokenizer (reading the vocabulary takes ~0.5 s)."""
+    try:
+        return _LONGEST[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    most = max(len(t.encode("utf-8")) for t in tokenizer.get_vocab())
+    try:
+        _LONGEST[tokenizer] = most
+    except TypeError:  # not weakly referenceable: recomputed per checker
+        pass
+    return most
 
 
 def split_query(tokenizer: Any, query: Sample, items: Sequence[Sample]) -> tuple[list[int], list[list[int]]]:

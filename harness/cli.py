@@ -232,25 +232,39 @@ def serve(
     concurrency: int = typer.Option(4, help="Requests inside the engine at once."),
     max_queue: int = typer.Option(64, help="Requests waiting for the engine; one more is answered 429."),
     max_body_bytes: int = typer.Option(1 << 20, help="Largest request body; larger is answered 413."),
+    head_timeout: float = typer.Option(10.0, help="Seconds a client has to send a request's headers (then 408)."),
+    body_timeout: float = typer.Option(30.0, help="Seconds a client has to send a request's body (then 408)."),
+    allowed_host: Optional[List[str]] = typer.Option(None, "--allowed-host", help="Host header name to serve "
+                                                     "besides loopback ones (repeatable; '*' for any)."),
     option: Optional[List[str]] = typer.Option(None, "--option", help="Engine option KEY=VALUE."),
 ) -> None:
     """Serve one engine over HTTP with SGLang's routes: /v1/score, /generate, /health, /metrics."""
     from engines.base import EngineUnavailable
     from engines.registry import UnknownEngine
-    from harness.serve.server import ServeOptions, bind, build_server, run as run_server
+    from harness.serve.server import LOOPBACK_HOSTS, ServeOptions, bind, build_server, run as run_server
 
     if not 0 <= port <= 65535:
         _fail(f"--port {port}: give 0..65535 (0 picks a free port)")
+    loopback = host in ("127.0.0.1", "localhost", "::1")
+    named = [] if loopback or host in ("0.0.0.0", "::") else [f"[{host}]" if ":" in host else host]
+    try:
+        opts = ServeOptions(concurrency, max_queue, max_body_bytes, head_timeout_s=head_timeout,
+                            body_timeout_s=body_timeout, allowed_hosts=LOOPBACK_HOSTS + tuple(named + (allowed_host or [])))
+    except ValueError as e:
+        _fail(str(e))
     sc = _scenario(scenario, engines=[engine], device=device, engine_options=_kv_options(option))
     try:
         sock = bind(host, port)
-        server = build_server(sc, engine, ServeOptions(concurrency, max_queue, max_body_bytes), device=device,
-                              engine_options=_kv_options(option), log=lambda m: console.print(m, highlight=False, markup=False))
-    except (UnknownEngine, EngineUnavailable, ValueError, OSError) as e:
+        server = build_server(sc, engine, opts, device=device, engine_options=_kv_options(option),
+                              log=lambda m: console.print(m, highlight=False, markup=False))
+    except (UnknownEngine, EngineUnavailable, ValueError, OSError, OverflowError) as e:
         _fail(str(e))
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        console.print(f"[yellow]warning:[/yellow] listening on {host}, not loopback", highlight=False)
-    url = f"http://{host}:{sock.getsockname()[1]}"
+    except Exception as e:  # noqa: BLE001 - the engine's start broke: say so, without a traceback
+        _fail(f"engine {engine} failed to start: {type(e).__name__}: {e}", EXIT_SHORT)
+    if not loopback:
+        console.print(f"[yellow]warning:[/yellow] listening on {host}, not loopback; Host names served: "
+                      f"{', '.join(opts.allowed_hosts)} (--allowed-host adds one)", highlight=False)
+    url = f"http://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}"
     run_server(server, sock, on_ready=lambda: print(f"serving {engine} on {url}", flush=True))
 
 

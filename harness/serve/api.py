@@ -24,8 +24,7 @@ from typing import Any, Sequence
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engines.base import BeamRequest, BeamResult, Bounds, PrefillRequest, PrefillResult, RequestRejected
-from engines.tokens import apply_bounds, check_beam
-from engines.validate import Limits, RequestChecker
+from engines.validate import FieldNames, Limits, RequestChecker
 
 
 class ApiError(Exception):
@@ -37,8 +36,9 @@ class ApiError(Exception):
         self.message = message
 
     def payload(self) -> dict[str, Any]:
-        kind = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed", 413: "PayloadTooLarge",
-                429: "TooManyRequests", 499: "ClientClosedRequest", 503: "ServiceUnavailable"}
+        kind = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed", 408: "RequestTimeout",
+                413: "PayloadTooLarge", 415: "UnsupportedMediaType", 429: "TooManyRequests",
+                499: "ClientClosedRequest", 503: "ServiceUnavailable"}
         return {"object": "error", "message": self.message, "type": kind.get(self.status, "InternalServerError"),
                 "param": None, "code": self.status}
 
@@ -51,7 +51,7 @@ class _Body(BaseModel):
 class ScoreBody(_Body):
     query: str | list[int] = ""
     items: str | list[str] | list[list[int]]
-    label_token_ids: list[int] = Field(min_length=1)
+    label_token_ids: list[int]
     apply_softmax: bool = False
     item_first: bool = False
     model: str | None = None
@@ -73,6 +73,25 @@ class GenerateBody(_Body):
     stream: bool = False
     return_logprob: bool = False
     model: str | None = None
+
+
+def _joined(query: str | list[int], items: list, item_first: bool) -> list:
+    """Each sample of a score body without a query request: item + query or query + item
+    (token lists concatenated, text joined before tokenizing)."""
+    if not query:
+        return list(items)
+    if any(isinstance(item, str) != isinstance(query, str) for item in items):
+        raise ApiError(400, "query and items must both be text or both be token id lists")
+    if isinstance(query, str):
+        return [item + query if item_first else query + item for item in items]
+    return [list(item) + query if item_first else query + list(item) for item in items]
+
+
+def _checked(check, request):
+    try:
+        return check(request)
+    except RequestRejected as e:
+        raise ApiError(400, str(e)) from None
 
 
 def parse_body(model: type[_Body], raw: bytes) -> Any:
@@ -109,63 +128,43 @@ class Translated:
     beam: bool = False  # answer in the beam shape (W > 1)
 
 
-class Translator:
-    """Bodies -> engine requests within the scenario's bounds; results -> SGLang answers."""
+SCORE_NAMES = FieldNames(samples="items", items="items", query="query", labels="label_token_ids")
+BEAM_NAMES = dict(beam_width="sampling_params.beam_width", decode_steps="sampling_params.max_new_tokens",
+                  allowed="the scenario's item codes")
 
-    def __init__(self, tokenizer: Any, vocab_size: int, bounds: Bounds,
-                 allowed: Sequence[Sequence[int]] | None = None, model_name: str = "default"):
+
+class Translator:
+    """Bodies -> engine requests within the scenario's bounds; results -> SGLang answers.
+    Every request field is judged by the engines' shared check (`engines.validate`), with the
+    body's field names; a refusal is a 400 naming the field."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int | None, bounds: Bounds,
+                 allowed: Sequence[Sequence[int]] | None = None, model_name: str = "default",
+                 max_positions: int | None = None, eos: frozenset[int] = frozenset()):
         self.tokenizer = tokenizer
-        self.vocab_size = vocab_size
         self.bounds = bounds
         self.allowed = allowed
         self.model_name = model_name
-        self.checker = RequestChecker(Limits(bounds, vocab_size), tokenizer)
-
-    def _ids(self, what: str, ids: Sequence[int]) -> list[int]:
-        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
-        if bad is not None:
-            raise ApiError(400, f"{what}: token id {bad} outside 0..{self.vocab_size - 1}")
-        return list(ids)
-
-    def _encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        limits = Limits(bounds, vocab_size, max_positions, eos)
+        self.checker = RequestChecker(limits, tokenizer, SCORE_NAMES)
+        self._beam_checkers = {kind: RequestChecker(limits, tokenizer, FieldNames(prompt=kind, **BEAM_NAMES))
+                               for kind in ("text", "input_ids")}
 
     def score(self, body: ScoreBody, rid: str) -> Translated:
         if not body.apply_softmax:
             raise ApiError(400, "apply_softmax must be true: engines return label probabilities "
                                 "normalised over the label tokens")
         items = [body.items] if isinstance(body.items, str) else body.items
-        if not items:
-            raise ApiError(400, "field items: need at least one item")
-        text = isinstance(items[0], str)
-        if text != isinstance(body.query, str):
-            raise ApiError(400, "query and items must both be text or both be token id lists")
-        labels = self._ids("label_token_ids", body.label_token_ids)
-        if body.query and not body.item_first:
-            return self._query_request(body, items, labels, rid)
-        if text:
-            seqs = [self._encode(i + body.query if body.item_first else body.query + i) for i in items]
+        labels = list(body.label_token_ids)
+        if body.query and not body.item_first:  # a query request: the engine may share the query
+            req = PrefillRequest.with_query(rid, body.query, items, labels)
         else:
-            q = self._ids("query", body.query)
-            seqs = [self._ids(f"items.{k}", i) + q if body.item_first else q + self._ids(f"items.{k}", i)
-                    for k, i in enumerate(items)]
-        try:
-            seqs = apply_bounds(self.bounds, seqs, "item")
-        except RequestRejected as e:
-            raise ApiError(400, str(e)) from None
-        return Translated(PrefillRequest(rid, seqs, labels), sum(map(len, seqs)))
-
-    def _query_request(self, body: ScoreBody, items: list, labels: list[int], rid: str) -> Translated:
-        """query + items as the engine's query request, as token ids, checked against
-        max_query_tokens, max_item_tokens and max_samples_per_request (items)."""
-        try:
-            checked = self.checker.prefill(PrefillRequest.with_query(rid, body.query, items, labels))
-        except RequestRejected as e:
-            raise ApiError(400, str(e)) from None
-        if checked.query_len == 0:  # text merged across every boundary: nothing to share
-            return Translated(PrefillRequest(rid, checked.seqs, labels), sum(map(len, checked.seqs)))
-        req = PrefillRequest.with_query(rid, checked.query, checked.items, labels)
-        return Translated(req, sum(map(len, checked.seqs)))
+            req = PrefillRequest(rid, _joined(body.query, items, body.item_first), labels)
+        checked = _checked(self.checker.prefill, req)
+        total = sum(map(len, checked.seqs))
+        if checked.query_len:
+            return Translated(PrefillRequest.with_query(rid, checked.query, checked.items, checked.labels), total)
+        return Translated(PrefillRequest(rid, checked.seqs, checked.labels), total)
 
     def generate(self, body: GenerateBody, rid: str) -> Translated:
         if (body.text is None) == (body.input_ids is None):
@@ -184,14 +183,12 @@ class Translator:
         n = sp.beam_width if sp.n is None else sp.n
         if n > sp.beam_width:
             raise ApiError(400, f"n {n} > beam_width {sp.beam_width}: at most beam_width beams come back")
-        prompt = self._encode(body.text) if body.text is not None else self._ids("input_ids", body.input_ids)
-        try:
-            check_beam(self.bounds, sp.beam_width, sp.max_new_tokens)
-            prompt = apply_bounds(self.bounds, [prompt], "prompt")[0]
-        except RequestRejected as e:
-            raise ApiError(400, str(e).replace("decode_steps", "max_new_tokens")) from None
-        req = BeamRequest(body.rid or rid, prompt, sp.beam_width, sp.max_new_tokens, self.allowed)
-        return Translated(req, len(prompt), n, sp.beam_width > 1)
+        text = body.text is not None
+        req = BeamRequest(body.rid or rid, body.text if text else body.input_ids, sp.beam_width, sp.max_new_tokens,
+                          self.allowed)
+        checked = _checked(self._beam_checkers["text" if text else "input_ids"].beam, req)
+        req = BeamRequest(req.id, checked.prompt, checked.beam_width, checked.decode_steps, self.allowed)
+        return Translated(req, len(checked.prompt), n, sp.beam_width > 1)
 
     def score_answer(self, result: PrefillResult, t: Translated) -> dict[str, Any]:
         return {"scores": result.scores, "model": self.model_name, "object": "scoring",

@@ -6,13 +6,22 @@ engine stage times, the engine's own counters such as batches, process memory),
 `GET /get_model_info`, `GET /server_info` (also `/get_server_info`, as SGLang has both).
 
 Robustness, in the order a request meets it:
+- deadlines: a connection must send a whole request head within `head_timeout_s` (else a
+  408 and the connection is closed, `harness.serve.deadline`), and the body within
+  `body_timeout_s` (a 408);
+- host: a Host header outside `allowed_hosts` (loopback names by default) is a 400, so a web
+  page cannot drive the server through DNS rebinding;
+- content type: a POST body must be `application/json` (a 415), so a page cannot send one
+  cross-origin without a preflight;
 - body size: a declared or streamed body over `max_body_bytes` is a 413, unread;
-- validation: strict bodies and the scenario's bounds, a 400 with a message;
+- validation: strict bodies and the engines' shared request check (`engines.validate`)
+  against the scenario's bounds, a 400 naming the field; text too long for the bounds is
+  refused before it is tokenized, and tokenizing runs in worker threads, off the event loop;
 - admission: at most `concurrency` requests in the engine and `max_queue` waiting; one more
   is a 429 at once, so latency stays bounded instead of growing with the backlog;
 - isolation: an engine failure is that request's 500, nothing else's;
 - disconnects: a client that goes away cancels its request (a queued one never reaches the
-  engine; a running one's answer is dropped);
+  engine; a running one's answer is dropped); counted as 499, mid-body or later;
 - shutdown (SIGINT/SIGTERM): stop accepting, finish what is in flight, then stop the engine.
 """
 from __future__ import annotations
@@ -20,10 +29,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
+import re
 import signal
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable
@@ -33,15 +43,22 @@ from prometheus_client import ProcessCollector
 from prometheus_client.core import GaugeMetricFamily
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from engines.base import Engine, RequestRejected
+from engines.validate import Limits
 from harness.serve.api import ApiError, GenerateBody, ScoreBody, Translated, Translator, parse_body
+from harness.serve.deadline import with_head_timeout
 
 LATENCY_BUCKETS = (.001, .0025, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5, 10, 30, 60)
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 
 
 @dataclass(frozen=True)
@@ -50,10 +67,19 @@ class ServeOptions:
     max_queue: int = 64  # requests waiting for a slot; past this a request gets 429
     max_body_bytes: int = 1 << 20
     graceful_timeout_s: float = 30.0  # how long shutdown waits for in-flight requests
+    head_timeout_s: float = 10.0  # to send a request's line and headers
+    body_timeout_s: float = 30.0  # to send its body
+    allowed_hosts: tuple[str, ...] = LOOPBACK_HOSTS  # Host header names served ("*": any)
+    text_threads: int = 2  # threads that parse and tokenize bodies
 
     def __post_init__(self):
-        if self.concurrency < 1 or self.max_queue < 0 or self.max_body_bytes < 1:
+        if self.concurrency < 1 or self.max_queue < 0 or self.max_body_bytes < 1 or self.text_threads < 1:
             raise ValueError("need concurrency >= 1, max_queue >= 0, max_body_bytes >= 1")
+        for name in ("graceful_timeout_s", "head_timeout_s", "body_timeout_s"):
+            if not 0 < getattr(self, name) < float("inf"):
+                raise ValueError(f"{name} must be a positive number of seconds")
+        if not self.allowed_hosts:
+            raise ValueError("allowed_hosts: give at least one host name (or '*')")
 
 
 class Admission:
@@ -156,16 +182,27 @@ async def until_disconnect(receive: Callable[[], Awaitable[dict]], work: Awaitab
     raise ClientGone()
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+def require_json(request: Request) -> None:
+    kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if kind != "application/json":
+        raise ApiError(415, f"content-type {kind or '(none)'} is not served: send the body as application/json")
+
+
+async def read_body(request: Request, limit: int, timeout_s: float | None = None) -> bytes:
+    """The body, whole, within `limit` bytes (else 413) and `timeout_s` seconds (else 408)."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"body of {declared} bytes is over the limit of {limit} bytes")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, f"body is over the limit of {limit} bytes")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise ApiError(413, f"body is over the limit of {limit} bytes")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise ApiError(408, f"the body did not arrive within {timeout_s:g} s ({size} bytes came)") from None
     return b"".join(chunks)
 
 
@@ -177,18 +214,21 @@ class Server:
         self.admission = Admission(options.concurrency, options.max_queue)
         self.metrics = ServerMetrics(self.admission, engine)
         self._ids = itertools.count()
+        self._text = ThreadPoolExecutor(options.text_threads, thread_name_prefix="serve-text")
 
     async def _run(self, request: Request, route: str, translate, answer) -> Response:
         t0, code, t, result = time.perf_counter(), 200, None, None
         try:
-            raw = await read_body(request, self.options.max_body_bytes)
-            t = translate(raw, f"req-{next(self._ids)}")
+            require_json(request)
+            raw = await read_body(request, self.options.max_body_bytes, self.options.body_timeout_s)
+            rid = f"req-{next(self._ids)}"
+            t = await asyncio.get_running_loop().run_in_executor(self._text, translate, raw, rid)  # off the loop
             result = await until_disconnect(request.receive, self._admitted(t))
             return JSONResponse(answer(result, t, time.perf_counter() - t0))
         except ApiError as e:
             code = e.status
             return JSONResponse(e.payload(), status_code=e.status)
-        except ClientGone:
+        except (ClientGone, ClientDisconnect):  # gone mid-body, or while its answer was made
             code = 499
             return Response(status_code=499)
         finally:
@@ -220,7 +260,7 @@ class Server:
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def model_info(self, request: Request) -> Response:
-        return JSONResponse({"model_path": self.info.get("model_dir"), "is_generation": True})
+        return JSONResponse({"model_path": self.info.get("model"), "is_generation": True})
 
     async def server_info(self, request: Request) -> Response:
         return JSONResponse(self.info)
@@ -231,7 +271,11 @@ class Server:
                   Route("/get_model_info", self.model_info, methods=["GET"]),
                   Route("/get_server_info", self.server_info, methods=["GET"]),
                   Route("/server_info", self.server_info, methods=["GET"])]
-        return Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
+        hosts = [Middleware(TrustedHostMiddleware, allowed_hosts=list(self.options.allowed_hosts))]
+        return Starlette(routes=routes, middleware=hosts, exception_handlers={HTTPException: _http_error})
+
+    def close(self) -> None:
+        self._text.shutdown(wait=False, cancel_futures=True)
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
@@ -271,20 +315,30 @@ def build_server(scenario, engine_name: str, options: ServeOptions, *, device: s
     if isinstance(task, BeamTask) and task.item_codes is not None:
         c = task.item_codes
         allowed = item_codes(tokenizer, c.count, c.length, c.seed)
-    translator = Translator(tokenizer, _vocab_size(model_dir, tokenizer), cfg.bounds, allowed, scenario.model)
+    limits = Limits.for_model(model_dir, cfg.bounds)
+    translator = Translator(tokenizer, limits.vocab or len(tokenizer), cfg.bounds, allowed, _public(scenario.model),
+                            limits.max_positions, limits.eos)
     engine = create_engine(engine_name, cfg)
     log(f"starting engine {engine_name} on {cfg.device} ...")
     engine.start()
     info = {"version": f"bench-serve {harness.__version__}", "engine": engine.describe(), "model": scenario.model,
-            "model_dir": model_dir, "scenario": scenario.name, "bounds": cfg.bounds.__dict__, "serve": options.__dict__}
-    return Server(engine, translator, options, info)
+            "scenario": scenario.name, "bounds": cfg.bounds.__dict__, "serve": options.__dict__}
+    return Server(engine, translator, options, _public(info))
 
 
-def _vocab_size(model_dir: str, tokenizer: Any) -> int:
-    path = Path(model_dir) / "config.json"
-    if path.exists():
-        return int(json.loads(path.read_text()).get("vocab_size") or len(tokenizer))
-    return len(tokenizer)
+_ABSOLUTE = re.compile(r"(?<![\w.:/~-])(?:/|~/)(?:[^\s/'\"]+/)*([^\s/'\"]*)")
+
+
+def _public(value: Any) -> Any:
+    """`value` with every absolute filesystem path cut to its last part (".../name"): the
+    public routes should not tell a caller how the server's disks are laid out."""
+    if isinstance(value, str):
+        return _ABSOLUTE.sub(lambda m: ".../" + m.group(1), value)
+    if isinstance(value, dict):
+        return {k: _public(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_public(v) for v in value)
+    return value
 
 
 def run(server: Server, sock: socket.socket, on_ready: Callable[[], None] = lambda: None) -> None:
@@ -292,6 +346,7 @@ def run(server: Server, sock: socket.socket, on_ready: Callable[[], None] = lamb
     import uvicorn
 
     config = uvicorn.Config(server.app(), log_level="warning", access_log=False, lifespan="off",
+                            http=with_head_timeout(server.options.head_timeout_s),
                             timeout_graceful_shutdown=server.options.graceful_timeout_s)
     uv = uvicorn.Server(config)
 
@@ -311,4 +366,5 @@ def run(server: Server, sock: socket.socket, on_ready: Callable[[], None] = lamb
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        server.close()
         server.engine.stop()

@@ -232,3 +232,18 @@ def test_query_without_a_tokenizer(tokenizer):
     c = RequestChecker(Limits(QBOUNDS, VOCAB))
     assert c.check(_query(" any text", [" a", " b"])).seqs == [[], []]
     assert c.check(_query([1], [[2], [3]])).seqs == [[1, 2], [1, 3]]
+
+
+def test_text_too_long_for_the_bounds_is_refused_before_tokenizing(tokenizer, monkeypatch):
+    c = RequestChecker(Limits(BOUNDS, VOCAB, 64), tokenizer)
+    calls = []
+    real = type(tokenizer).__call__
+    monkeypatch.setattr(type(tokenizer), "__call__", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    long = "x" * (16 * 256 + 1)  # 16 tokens of at most 256 bytes each
+    with pytest.raises(RequestRejected, match="samples.1: 4,097 characters are more than max_prompt_tokens 16"):
+        c.check(_prefill([" fine", long]))
+    with pytest.raises(RequestRejected, match="prompt: 4,097 characters"):
+        c.check(_beam(prompt=long))
+    assert not calls  # refused before any tokenizing
+    trunc = RequestChecker(Limits(Bounds(max_prompt_tokens=16, on_violation="truncate"), VOCAB), tokenizer)
+    assert len(trunc.check(_prefill([" word" * 5000])).seqs[0]) == 16  # truncation still sees the end
