@@ -13,6 +13,7 @@ from engines.bounded.plan import Plan
 from engines.bounded.runtime.compiled import CompiledRuntime
 from engines.bounded.tasks.batcher import Usage
 from engines.bounded.tasks.dag import Dag
+from engines.validate import Limits, RequestChecker
 
 
 class Task:
@@ -24,6 +25,7 @@ class Task:
     def __init__(self, runtime: CompiledRuntime, bounds: Bounds, plan: Any, dag: Dag):
         self.runtime, self.bounds, self.plan, self.dag = runtime, bounds, plan, dag
         self.tokenizer: Optional[Any] = None
+        self.checker: Optional[RequestChecker] = None
         self.vocab = 0
 
     @classmethod
@@ -37,6 +39,8 @@ class Task:
 
     def start(self, tokenizer: Any) -> None:
         self.tokenizer, self.vocab = tokenizer, read_model_config(self.runtime.model_dir).vocab
+        # the engines' shared request check (types, ids, labels, item codes, bounds)
+        self.checker = RequestChecker(Limits.for_model(self.runtime.model_dir, self.bounds), tokenizer)
         self.runtime.start()
         self.runtime.warm_up(self.warm_up)
 

@@ -19,7 +19,7 @@ from engines.bounded.runtime.beam import BeamBatch, BeamJob, BeamRuntime
 from engines.bounded.tasks.base import Task
 from engines.bounded.tasks.batcher import Pending
 from engines.bounded.tasks.dag import Dag, Node
-from engines.tokens import apply_bounds, check_beam, encode, eos_ids
+from engines.tokens import eos_ids
 
 
 class BeamUsage:
@@ -72,18 +72,14 @@ class BeamTask(Task):
     # --- nodes ----------------------------------------------------------------------------
 
     def tokenize(self, req: BeamRequest) -> BeamJob:
-        check_beam(self.bounds, req.beam_width, req.decode_steps)
-        prompt = apply_bounds(self.bounds, [encode(self.tokenizer, req.prompt)], "prompt")[0]
-        bad = [t for t in prompt if not 0 <= t < self.vocab]
-        if bad:
-            raise RequestRejected(f"token ids outside the vocabulary [0, {self.vocab}): {bad[:5]}")
+        checked = self.checker.beam(req)  # codes exactly decode_steps long, W <= distinct codes
         trie = None
-        if req.allowed is not None:
+        if checked.allowed is not None:
             try:
-                trie = self.tries.get(req.allowed)
+                trie = self.tries.get(checked.allowed)
             except ItemCodeError as e:
                 raise RequestRejected(f"request {req.id}: {e}") from e
-        return BeamJob(prompt, req.beam_width, req.decode_steps, trie, req.id)
+        return BeamJob(checked.prompt, checked.beam_width, checked.decode_steps, trie, req.id)
 
     def prefill(self, jobs: list[BeamJob]) -> BeamBatch:
         return self.runtime.prefill(jobs)

@@ -69,7 +69,7 @@ def test_fewer_steps_than_the_bound_and_bad_requests_fail_alone(tiny_dir, engine
     ok, *bad = asyncio.run(gather(engine, reqs))
     assert_same_beams(output(ok), hf_beams(tiny_dir, [5, 6, 7], 8, 2))
     assert all(isinstance(e, RequestRejected) for e in bad), bad
-    assert "beam_width 41 outside 1..40" in str(bad[0]) and "item code tokens" in str(bad[4])
+    assert "beam_width: 41 outside 1..40" in str(bad[0]) and f"allowed.0: token id {VOCAB} outside" in str(bad[4])
 
 
 def test_describe_names_the_beam_dag(engine):
