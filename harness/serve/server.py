@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
 import re
 import signal
 import socket
@@ -49,7 +50,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from engines.base import Engine, RequestRejected
+from engines.base import Engine, EngineConfig, RequestRejected
 from engines.validate import Limits
 from harness.serve.api import ApiError, GenerateBody, ScoreBody, Translated, Translator, parse_body
 from harness.serve.deadline import with_head_timeout
@@ -209,8 +210,10 @@ async def read_body(request: Request, limit: int, timeout_s: float | None = None
 class Server:
     """The route handlers around one started engine."""
 
-    def __init__(self, engine: Engine, translator: Translator, options: ServeOptions, info: dict[str, Any]):
+    def __init__(self, engine: Engine, translator: Translator, options: ServeOptions, info: dict[str, Any],
+                 live_info: Callable[[], dict[str, Any]] | None = None):
         self.engine, self.translator, self.options, self.info = engine, translator, options, info
+        self.live_info = live_info  # more of /server_info, read at each call (a Ray replica: the placement)
         self.admission = Admission(options.concurrency, options.max_queue)
         self.metrics = ServerMetrics(self.admission, engine)
         self._ids = itertools.count()
@@ -263,7 +266,8 @@ class Server:
         return JSONResponse({"model_path": self.info.get("model"), "is_generation": True})
 
     async def server_info(self, request: Request) -> Response:
-        return JSONResponse(self.info)
+        live = await asyncio.to_thread(self.live_info) if self.live_info else {}
+        return JSONResponse({**self.info, **live})
 
     def app(self) -> Starlette:
         routes = [Route("/v1/score", self.score, methods=["POST"]), Route("/generate", self.generate, methods=["POST"]),
@@ -294,11 +298,18 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def build_server(scenario, engine_name: str, options: ServeOptions, *, device: str | None = None,
-                 engine_options: dict | None = None, log: Callable[[str], None] = print) -> Server:
-    """Resolve the scenario's model, start the engine with the scenario's bounds, and wrap it."""
-    import harness
-    from engines.registry import create_engine
+@dataclass(frozen=True)
+class EngineSetup:
+    """What serving one engine for a scenario needs before the engine starts."""
+
+    name: str
+    config: EngineConfig
+    translator: Translator
+
+
+def engine_setup(scenario, engine_name: str, *, device: str | None = None, engine_options: dict | None = None,
+                 log: Callable[[str], None] = print) -> EngineSetup:
+    """Resolve the scenario's model; the engine's config (the scenario's bounds) and the body translator."""
     from harness.presets import resolve_model
     from harness.runner import engine_config
     from harness.scenario import BeamTask, EngineSpec
@@ -318,12 +329,23 @@ def build_server(scenario, engine_name: str, options: ServeOptions, *, device: s
     limits = Limits.for_model(model_dir, cfg.bounds)
     translator = Translator(tokenizer, limits.vocab or len(tokenizer), cfg.bounds, allowed, _public(scenario.model),
                             limits.max_positions, limits.eos)
+    return EngineSetup(engine_name, cfg, translator)
+
+
+def build_server(scenario, engine_name: str, options: ServeOptions, *, device: str | None = None,
+                 engine_options: dict | None = None, log: Callable[[str], None] = print) -> Server:
+    """Resolve the scenario's model, start the engine with the scenario's bounds, and wrap it."""
+    import harness
+    from engines.registry import create_engine
+
+    setup = engine_setup(scenario, engine_name, device=device, engine_options=engine_options, log=log)
+    cfg = setup.config
     engine = create_engine(engine_name, cfg)
     log(f"starting engine {engine_name} on {cfg.device} ...")
     engine.start()
     info = {"version": f"bench-serve {harness.__version__}", "engine": engine.describe(), "model": scenario.model,
             "scenario": scenario.name, "bounds": cfg.bounds.__dict__, "serve": options.__dict__}
-    return Server(engine, translator, options, _public(info))
+    return Server(engine, setup.translator, options, _public(info))
 
 
 _ABSOLUTE = re.compile(r"(?<![\w.:/~-])(?:/|~/)(?:[^\s/'\"]+/)*([^\s/'\"]*)")
@@ -344,6 +366,9 @@ def _public(value: Any) -> Any:
 def run(server: Server, sock: socket.socket, on_ready: Callable[[], None] = lambda: None) -> None:
     """Serve on `sock` until SIGINT/SIGTERM; in-flight requests finish; then stop the engine."""
     import uvicorn
+
+    server.info.setdefault("deployment", {"server": "bench serve", "replicas": 1,
+                                          "placement": [{"host": socket.gethostname(), "pid": os.getpid()}]})
 
     config = uvicorn.Config(server.app(), log_level="warning", access_log=False, lifespan="off",
                             http=with_head_timeout(server.options.head_timeout_s),
