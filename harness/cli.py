@@ -237,6 +237,15 @@ def serve(
     allowed_host: Optional[List[str]] = typer.Option(None, "--allowed-host", help="Host header name to serve "
                                                      "besides loopback ones (repeatable; '*' for any)."),
     option: Optional[List[str]] = typer.Option(None, "--option", help="Engine option KEY=VALUE."),
+    ray: bool = typer.Option(False, "--ray", help="Serve replicas of the engine on Ray Serve (a local Ray "
+                             "instance, or the cluster at --address)."),
+    replicas: Optional[int] = typer.Option(None, help="With --ray: how many replicas (default 1)."),
+    autoscale: Optional[str] = typer.Option(None, help="With --ray: MIN:MAX replicas, scaled on requests in flight."),
+    address: Optional[str] = typer.Option(None, help="With --ray: join this Ray cluster (auto, HOST:6379, "
+                                          "ray://HOST:10001) instead of starting a local one."),
+    cpus_per_replica: Optional[float] = typer.Option(None, help="With --ray: CPUs per replica (default 1; "
+                                                     "torch threads = its whole CPUs)."),
+    gpus_per_replica: Optional[float] = typer.Option(None, help="With --ray: GPUs per replica (default 0)."),
 ) -> None:
     """Serve one engine over HTTP with SGLang's routes: /v1/score, /generate, /health, /metrics."""
     from engines.base import EngineUnavailable
@@ -245,6 +254,11 @@ def serve(
 
     if not 0 <= port <= 65535:
         _fail(f"--port {port}: give 0..65535 (0 picks a free port)")
+    log = lambda m: console.print(m, highlight=False, markup=False, soft_wrap=True)  # noqa: E731
+    ray_flags = {"--replicas": replicas, "--autoscale": autoscale, "--address": address,
+                 "--cpus-per-replica": cpus_per_replica, "--gpus-per-replica": gpus_per_replica}
+    if not ray and any(v is not None for v in ray_flags.values()):
+        _fail(", ".join(k for k, v in ray_flags.items() if v is not None) + " only apply with --ray")
     loopback = host in ("127.0.0.1", "localhost", "::1")
     named = [] if loopback or host in ("0.0.0.0", "::") else [f"[{host}]" if ":" in host else host]
     try:
@@ -253,19 +267,52 @@ def serve(
     except ValueError as e:
         _fail(str(e))
     sc = _scenario(scenario, engines=[engine], device=device, engine_options=_kv_options(option))
+
+    def warn_not_loopback() -> None:
+        if not loopback:
+            console.print(f"[yellow]warning:[/yellow] listening on {host}, not loopback; Host names served: "
+                          f"{', '.join(opts.allowed_hosts)} (--allowed-host adds one)", highlight=False)
+
+    if ray:
+        warn_not_loopback()
+        return _serve_ray(sc, engine, opts, host, port, device, _kv_options(option), replicas, autoscale, address,
+                          cpus_per_replica, gpus_per_replica, log)
     try:
         sock = bind(host, port)
-        server = build_server(sc, engine, opts, device=device, engine_options=_kv_options(option),
-                              log=lambda m: console.print(m, highlight=False, markup=False))
+        server = build_server(sc, engine, opts, device=device, engine_options=_kv_options(option), log=log)
     except (UnknownEngine, EngineUnavailable, ValueError, OSError, OverflowError) as e:
         _fail(str(e))
     except Exception as e:  # noqa: BLE001 - the engine's start broke: say so, without a traceback
         _fail(f"engine {engine} failed to start: {type(e).__name__}: {e}", EXIT_SHORT)
-    if not loopback:
-        console.print(f"[yellow]warning:[/yellow] listening on {host}, not loopback; Host names served: "
-                      f"{', '.join(opts.allowed_hosts)} (--allowed-host adds one)", highlight=False)
+    warn_not_loopback()
     url = f"http://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}"
     run_server(server, sock, on_ready=lambda: print(f"serving {engine} on {url}", flush=True))
+
+
+def _serve_ray(sc, engine, options, host, port, device, engine_options, replicas, autoscale, address, cpus, gpus,
+               log) -> None:
+    from engines.base import EngineUnavailable
+    from engines.registry import UnknownEngine
+    from harness.serve.replicas import RayMissing, RayOptions, parse_autoscale, serve_replicas
+
+    if replicas is not None and autoscale is not None:
+        _fail("give --replicas N or --autoscale MIN:MAX, not both")
+
+    def ready(url: str, placement: dict) -> None:
+        where = ", ".join(f"{r['replica']} on {r['node_ip']} (pid {r['pid']})" for r in placement["placement"])
+        log(f"{placement['replicas']} replicas running: {where}")
+        print(f"serving {engine} on {url}", flush=True)
+
+    try:
+        ray_opts = RayOptions(replicas=1 if replicas is None else replicas, address=address,
+                              autoscale=parse_autoscale(autoscale) if autoscale else None,
+                              cpus_per_replica=1.0 if cpus is None else cpus, gpus_per_replica=gpus or 0.0)
+        serve_replicas(sc, engine, options, ray_opts, host=host, port=port, device=device,
+                       engine_options=engine_options, log=log, on_ready=ready)
+    except (RayMissing, UnknownEngine, EngineUnavailable, ValueError, OSError) as e:
+        _fail(str(e))
+    except (TimeoutError, RuntimeError) as e:  # the replicas did not start
+        _fail(str(e), EXIT_SHORT)
 
 
 @app.command()

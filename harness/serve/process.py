@@ -23,9 +23,9 @@ class ServeFailed(RuntimeError):
 
 class ServeProcess:
     def __init__(self, scenario: str | Path, engine: str, args: Sequence[str] = (), *,
-                 startup_timeout_s: float = 180.0, log_path: str | Path | None = None):
+                 startup_timeout_s: float = 180.0, log_path: str | Path | None = None, port: int = 0):
         self.cmd = [sys.executable, "-m", "harness.cli", "serve", str(scenario), "--engine", engine,
-                    "--port", "0", *args]
+                    "--port", str(port), *args]
         self.startup_timeout_s = startup_timeout_s
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="bench-serve-", suffix=".log")[1])
         self.proc: subprocess.Popen | None = None
