@@ -76,7 +76,11 @@ class SGLangEngine(ServerEngine):
                 "radix_cache": _radix_cache(info, self.options.server_args),
                 "multi_item_scoring": _multi_item(info, self.options.server_args),
                 "server_settings": {k: info[k] for k in keys if k in info},
-                "launch_command": info.get("launch_command")}
+                "launch_command": info.get("launch_command"),
+                # what `bench serve` says of itself: the engine behind it and (with --ray) the
+                # replica count and placement; a real SGLang has neither
+                **({"served_engine": info["engine"]} if isinstance(info.get("engine"), dict) else {}),
+                **({"deployment": info["deployment"]} if isinstance(info.get("deployment"), dict) else {})}
 
     async def score(self, query: list[int], items: list[list[int]], labels: list[int]) -> list[list[float]]:
         payload = await self.post("/v1/score", protocol.score_body(query, items, labels))
