@@ -266,7 +266,8 @@ def serve(
                             body_timeout_s=body_timeout, allowed_hosts=LOOPBACK_HOSTS + tuple(named + (allowed_host or [])))
     except ValueError as e:
         _fail(str(e))
-    sc = _scenario(scenario, engines=[engine], device=device, engine_options=_kv_options(option))
+    sc = _scenario(scenario, engines=[engine], device=device, engine_options=_kv_options(option),
+                   device_here=not (ray and address))
 
     def warn_not_loopback() -> None:
         if not loopback:

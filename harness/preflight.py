@@ -89,15 +89,17 @@ def _hub_facts(spec: str) -> ModelFacts:
 
 def check_scenario(sc: Scenario, path: str | Path, *, engines: list[str] | None = None,
                    device: str | None = None, engine_options: dict[str, Any] | None = None,
-                   overrides: Any = None) -> list[EngineSpec]:
+                   overrides: Any = None, device_here: bool = True) -> list[EngineSpec]:
     """Check `sc` (loaded from `path`) for a run of `engines` (default: the scenario's) on
     `device`; `engine_options` are merged into each engine's (as `bench serve --option`
-    does); `overrides` is a runner.Overrides. -> the engines that will run."""
+    does); `overrides` is a runner.Overrides. `device_here=False`: the engines run on other
+    machines (a Ray cluster), so this one's GPUs say nothing. -> the engines that will run."""
     src = str(path)
     dev = device or sc.device
     if device is not None and not DEVICE.match(device):
         raise ScenarioError(f"--device {device}: not a device; give cpu, cuda or cuda:N")
-    _check_device(dev, "--device" if device else f"{src}: field device")
+    if device_here:
+        _check_device(dev, "--device" if device else f"{src}: field device")
     facts = model_facts(sc.model, f"{src}: field model")
     _check_positions(sc, facts, src)
     if facts.tokenizer is not None:

@@ -118,8 +118,10 @@ def test_unplaceable_replicas_are_an_error_before_ray_starts(tmp_path, tiny_dir)
     n = (os.cpu_count() or 1) + 1
     r = CliRunner().invoke(app, ["serve", str(path), "--engine", "hf", "--ray", "--replicas", str(n)])
     assert r.exit_code == 2 and f"{n} replicas x 1 CPUs" in r.output and "--address" in r.output
-    r = CliRunner().invoke(app, ["serve", str(path), "--engine", "hf", "--ray", "--device", "cuda"])
-    assert r.exit_code == 2 and "--gpus-per-replica" in r.output
+    # GPUs of a cluster's nodes are not this machine's: asked for, they must be reserved
+    r = CliRunner().invoke(app, ["serve", str(path), "--engine", "hf", "--ray", "--device", "cuda",
+                                 "--address", "127.0.0.1:1"])
+    assert r.exit_code == 2 and "--gpus-per-replica" in r.output, r.output
 
 
 # -- a real local Ray instance --------------------------------------------------------------
