@@ -151,6 +151,7 @@ class EngineReplica:
         # Ray calls this when the replica stops (after its in-flight requests drained)
         server = getattr(self, "server", None)
         if server is not None:
+            server.close()
             server.engine.stop()
 
 
