@@ -82,6 +82,7 @@ class ServerEngine(Engine):
     takes_query_requests = True  # `score` gets the query apart from the items
     venv: ManagedVenv  # where a launched server's interpreter lives
     setup_command = ""  # the CLI command that builds `venv`, for messages
+    constraint_refusal = "this server cannot constrain beam search to allowed item codes"
 
     def __init__(self, config: EngineConfig, transport: httpx.MockTransport | None = None):
         super().__init__(config)
@@ -119,8 +120,6 @@ class ServerEngine(Engine):
     async def beam_search(self, prompt: list[int], beam_width: int, decode_steps: int) -> list[Beam]:
         """The server's beam search over `prompt`, best first."""
         raise NotImplementedError
-
-    constraint_refusal = "this server cannot constrain beam search to allowed item codes"
 
     # -- availability and lifecycle ------------------------------------------------------
 
