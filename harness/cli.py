@@ -116,18 +116,23 @@ def run(
 
 def _print_summary(result) -> None:
     t = Table(title=f"{result.scenario.name} on {result.device} (peak {result.peak_tflops:.3g} TFLOP/s)")
-    for col in ("engine", "load", "ok/req", "mean ms", "p50 ms", "p99 ms", "req/s", "samples/s", "MFU"):
+    for col in ("engine", "mode", "load", "ok/req", "mean ms", "p50 ms", "p99 ms", "req/s", "samples/s", "MFU"):
         t.add_column(col, justify="right")
     for er in result.engines:
+        mode = er.describe.get("mode") or ""  # how the engine serves, e.g. "eager (AOT failed)"
         if er.skipped or (er.failed and not er.points):
-            t.add_row(er.name, "-", "-", "-", "-", "-", "-", "-", "skipped" if er.skipped else "failed")
+            t.add_row(er.name, mode, "-", "-", "-", "-", "-", "-", "-", "skipped" if er.skipped else "failed")
         for _, m in er.points:
             p99 = f"{m.p99_ms:.1f}" + ("*" if m.p99_estimate else "")
-            t.add_row(er.name, f"{m.load_mode} {m.load_value:g}", f"{m.ok}/{m.requests}", f"{m.mean_ms:.1f}",
+            t.add_row(er.name, mode, f"{m.load_mode} {m.load_value:g}", f"{m.ok}/{m.requests}", f"{m.mean_ms:.1f}",
                       f"{m.p50_ms:.1f}", p99, f"{m.qps:.2f}", f"{m.samples_per_s:.1f}", "-" if m.mfu != m.mfu else f"{m.mfu:.1%}")
     out.print(t)
     if any(m.p99_estimate for er in result.engines for _, m in er.points):
         out.print("* P99 on fewer than 459 requests: an estimate", style="dim")
+    for er in result.engines:
+        if er.describe.get("fallback"):
+            out.print(f"[yellow]{escape(er.name)} does not serve as asked:[/yellow] {escape(er.describe['fallback'])}",
+                      highlight=False)
     for er in result.engines:
         if er.search:
             out.print(f"{er.name}: max rate under the SLO {er.search.max_rate:.4g} req/s "

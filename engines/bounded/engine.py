@@ -45,7 +45,7 @@ class BoundedEngine(Engine):
                                       {g: "fp8" if g in self.options.fp8 else "dense" for g in GEMM_GROUPS})
         self.plan = plan(config.bounds, self.options)
         kinds = list(TASKS) if config.task_kind is None else [config.task_kind]
-        self.tasks: dict[str, Task] = {k: TASKS[k].create(config, self.policy, self.plan, self.options.compile, _log)
+        self.tasks: dict[str, Task] = {k: TASKS[k].create(config, self.policy, self.plan, self.options, _log)
                                        for k in kinds}
         self.stats = {"requests": 0, "batches": 0, "largest_batch": 0}
         self._batchers: dict[str, Batcher] = {}
@@ -69,6 +69,9 @@ class BoundedEngine(Engine):
             raise EngineUnavailable("bounded: device cuda requested but torch sees no GPU")
         if opts.fp8 and not (dev.type == "cuda" and torch.cuda.get_device_capability(dev) >= (8, 9)):
             raise EngineUnavailable("bounded: fp8 GEMMs need a CUDA GPU with compute capability >= 8.9")
+        if opts.fp8 and config.dtype != "bfloat16":
+            raise EngineUnavailable(f"bounded: fp8 GEMMs with rowwise scales give bfloat16 results; dtype is "
+                                    f"{config.dtype} (use bfloat16)")
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -110,6 +113,7 @@ class BoundedEngine(Engine):
             "dtype": self.config.dtype,
             "precision": self.policy.describe(),
             "compile_requested": self.options.compile,
+            **self._mode(),
             "bounds": {"max_samples_per_request": b.max_samples_per_request,
                        "max_prompt_tokens": b.max_prompt_tokens, "max_beam_width": b.max_beam_width,
                        "max_decode_steps": b.max_decode_steps, "on_violation": b.on_violation},
@@ -119,6 +123,23 @@ class BoundedEngine(Engine):
             "stats": dict(self.stats),
             "options": dict(self.config.options),
         }
+
+    def _mode(self) -> dict[str, Any]:
+        """How the engine serves, in one line for the summary table ("mode"), and why it
+        serves otherwise than asked ("fallback"), from its tasks' runtime status."""
+        statuses = {kind: task.runtime.status for kind, task in self.tasks.items()}
+        used = sorted({s.get("compile", self.options.compile) for s in statuses.values()})
+        reasons = [f"{kind}: {s['fallback_reason']}" for kind, s in statuses.items() if s.get("fallback_reason")]
+        graphs = [s["cuda_graphs"] for s in statuses.values() if isinstance(s.get("cuda_graphs"), dict)]
+        reasons += [f"CUDA graphs: {g['fallback_reason']}" for g in graphs if g.get("fallback_reason")]
+        mode = "+".join(used)
+        if self.options.compile == "aot" and "eager" in used:
+            mode += " (AOT failed)"
+        if any(g.get("captured") for g in graphs):
+            mode += " + CUDA graphs"
+        elif graphs:
+            mode += " (CUDA graphs failed)"
+        return {"mode": mode, "fallback": "; ".join(reasons) or None}
 
     # --- serving ------------------------------------------------------------------------
 

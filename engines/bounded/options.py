@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from engines.bounded.kernels.attention import ATTENTIONS
 from engines.bounded.model.precision import DTYPES, GEMM_GROUPS
 
 COMPILE_MODES = ("aot", "eager")  # AOTInductor packages (cached), or the eager programs
@@ -24,6 +25,8 @@ class BoundedOptions:
     max_batch_beams: int = 0  # beam rows per decode step (several requests' beams); 0: max(W, 512)
     residual: str = "float32"  # dtype of the residual stream (bf16 GEMMs either way)
     fp8: tuple[str, ...] = ()  # GEMM groups to run in FP8 (CUDA, compute capability >= 8.9)
+    prefill_attention: str = "auto"  # packed prefill attention: auto (the device's best), per_sequence, padded
+    cuda_graphs: bool = True  # on a GPU: capture the beam decode steps as CUDA graphs at start
 
     @classmethod
     def parse(cls, options: dict[str, Any]) -> "BoundedOptions":
@@ -41,6 +44,8 @@ class BoundedOptions:
                     values[name] = int(values[name])
             if "max_wait_ms" in values:
                 values["max_wait_ms"] = float(values["max_wait_ms"])
+            if "cuda_graphs" in values:
+                values["cuda_graphs"] = _flag(values["cuda_graphs"])
         except (TypeError, ValueError) as e:
             raise OptionError(f"bounded-engine option: {e}") from e
         opts = cls(**values)
@@ -52,6 +57,9 @@ class BoundedOptions:
             raise OptionError(f"compile={self.compile!r}; choose one of {', '.join(COMPILE_MODES)}")
         if self.residual not in DTYPES:
             raise OptionError(f"residual={self.residual!r}; choose one of {', '.join(DTYPES)}")
+        if self.prefill_attention not in ("auto", *ATTENTIONS):
+            raise OptionError(f"prefill_attention={self.prefill_attention!r}; choose one of auto, "
+                              f"{', '.join(ATTENTIONS)}")
         bad = [g for g in self.fp8 if g not in GEMM_GROUPS]
         if bad:
             raise OptionError(f"fp8 groups {bad}; groups are {', '.join(GEMM_GROUPS)}")
@@ -59,3 +67,15 @@ class BoundedOptions:
                 or self.max_batch_beams < 0):
             raise OptionError("max_wait_ms, max_batch_tokens, max_batch_seqs and max_batch_beams must be >= 0, "
                               "max_labels >= 1")
+
+
+def _flag(value: Any) -> bool:
+    """A yes/no option from YAML (a bool) or the command line (a string)."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(f"{value!r} is not a yes/no value (true/false)")

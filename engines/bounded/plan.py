@@ -61,6 +61,13 @@ class BeamPlan:
         bucket >= its width)."""
         return (self.max_width,)
 
+    def request_buckets(self, width: int) -> tuple[int, ...]:
+        """The request counts a captured decode step of bucket `width` is replayed at (CUDA
+        graphs have fixed shapes): powers of two up to the requests the plan batches, and that
+        count; a batch runs at the smallest bucket >= its requests (the rest: padding rows)."""
+        top = min(self.max_requests, self.graph(width).max_requests)
+        return tuple(sorted({1 << i for i in range(top.bit_length()) if 1 << i < top} | {top}))
+
     def graph(self, width: int) -> BeamGraphPlan:
         """The package sizes of the step graph of bucket `width` (0: the prefill)."""
         requests = max(1, self.max_rows // width) if width else self.max_requests

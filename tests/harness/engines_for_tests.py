@@ -85,3 +85,19 @@ class RejectingEngine(Engine):
 
     async def submit(self, request):
         raise RequestRejected("no thanks")
+
+
+class FallbackEngine(Engine):
+    """Answers, but says it serves otherwise than asked (as bounded does when AOT fails)."""
+
+    name = "fallback"
+
+    def start(self) -> None:
+        pass
+
+    def describe(self):
+        return {**super().describe(), "mode": "eager (AOT failed)",
+                "fallback": "prefill_only: ToolchainMissing: AOT toolchain for cuda: CUDA headers missing"}
+
+    async def submit(self, request):
+        return PrefillResult(request.id, [[0.5, 0.5]] * len(request.samples))

@@ -148,3 +148,16 @@ def test_run_exits_0_when_every_engine_measured(tmp_path):
     res = CliRunner().invoke(app, ["run", str(SCENARIOS / "smoke_beam.yaml"), "--engine", "noop", "--requests", "2",
                                    "--peak-tflops", "1", "--out", str(tmp_path / "run")])
     assert res.exit_code == 0, res.output
+
+
+def test_summary_shows_an_engine_that_fell_back(tmp_path, monkeypatch):
+    import engines.registry as reg
+
+    monkeypatch.setitem(reg.ENGINES, "fallback", "tests.harness.engines_for_tests:FallbackEngine")
+    res = CliRunner().invoke(app, ["run", str(SCENARIOS / "smoke_prefill.yaml"), "--engine", "fallback",
+                                   "--engine", "noop", "--requests", "2", "--concurrency", "1",
+                                   "--peak-tflops", "1", "--out", str(tmp_path / "run")])
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    assert "eager (AOT failed)" in text
+    assert "fallback does not serve as asked: prefill_only: ToolchainMissing: AOT toolchain for cuda" in text

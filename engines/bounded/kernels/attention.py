@@ -1,18 +1,44 @@
-"""Causal attention within each sequence of a packed prefill batch.
+"""Causal attention within each sequence of a packed prefill batch, two ways (ATTENTIONS):
 
-`varlen_attention` is an opaque op for torch.export/Inductor (the graph around it is
-compiled; inside, the device's fastest eager kernels run): per sequence on a CPU, one flash
-SDPA over a padded view on a GPU. Shapes: T packed tokens, S sequences, L the longest
-sequence of a batch, Hq query heads, Hkv K/V heads, D head dim.
+- "per_sequence" (CPU): `varlen_attention`, an opaque op for torch.export/Inductor (the
+  graph around it is compiled; inside, one small GEMM pair per sequence on single-threaded
+  workers). It reads the sequence offsets on the host, which on a CPU is where they are.
+- "padded" (GPU): `packed_attention_padded`, plain tensor ops that compile into the graph:
+  gather the packed rows into an [S, L] padded view with the batch's device-side indices
+  (built once per batch by the packer), one flash SDPA, gather back. No host tensor and no
+  host sync inside the graph, and one kernel per layer instead of one per sequence.
+
+Shapes: T packed tokens, S sequences, L the longest sequence of a batch, Hq query heads,
+Hkv K/V heads, D head dim.
 """
 from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+ATTENTIONS = ("per_sequence", "padded")
+
+
+def attention_for(device: torch.device) -> str:
+    """The prefill attention a device runs best: per sequence on a CPU (~2.5x faster there
+    than the flash kernel over a padded view), padded on a GPU."""
+    return "per_sequence" if torch.device(device).type == "cpu" else "padded"
+
+
+def packed_attention(kind: str, cu_seqlens: Tensor, pad_index: Tensor,
+                     unpad_index: Tensor) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
+    """attend(q, k, v) -> [T, Hq*D] over one packed batch's metadata (PackedBatch), by kind."""
+    if kind == "padded":
+        return lambda q, k, v: packed_attention_padded(q, k, v, pad_index, unpad_index)
+    if kind == "per_sequence":
+        return lambda q, k, v: varlen_attention(q, k, v, cu_seqlens)
+    raise ValueError(f"attention {kind!r}; choose one of {', '.join(ATTENTIONS)}")
+
 
 def packed_attention_padded(q: Tensor, k: Tensor, v: Tensor, pad_index: Tensor,
                             unpad_index: Tensor) -> Tensor:
@@ -121,26 +147,16 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor) -> Ten
     """Causal attention within each packed sequence; cu_seqlens: [S+1] host int64 offsets.
 
     An opaque op for torch.export/Inductor (the graph around it is compiled; this runs the
-    device's fastest eager kernels). q: [T, Hq, D], k/v: [T, Hkv, D] -> [T, Hq*D]."""
+    CPU's fastest eager kernels). CPU tensors only: on a GPU the offsets would have to be
+    read back to the host in every layer, so GPU programs use `packed_attention_padded`.
+    q: [T, Hq, D], k/v: [T, Hkv, D] -> [T, Hq*D]."""
+    if q.device.type != "cpu" or cu_seqlens.device.type != "cpu":
+        raise ValueError("bounded::varlen_attention runs on CPU tensors; use the padded attention on "
+                         f"{q.device.type}")
     offsets = cu_seqlens.tolist()
-    if q.device.type == "cpu":
-        return varlen_attention_cpu(q, k, v, list(zip(offsets[:-1], offsets[1:])))
-    return varlen_attention_padded(q, k, v, cu_seqlens)
-
-
-def varlen_attention_padded(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor) -> Tensor:
-    """The GPU path: one flash SDPA over the padded view (a per-sequence loop would launch
-    layers x sequences small kernels). cu_seqlens: [S+1] host offsets."""
-    lengths = cu_seqlens[1:] - cu_seqlens[:-1]  # [S]
-    longest = int(lengths.max())
-    cols = torch.arange(longest)[None, :]
-    pad_index = cu_seqlens[:-1, None] + torch.minimum(cols, lengths[:, None] - 1)  # [S, L]
-    seq = torch.repeat_interleave(torch.arange(len(lengths)), lengths)  # [T]
-    unpad_index = seq * longest + torch.arange(int(cu_seqlens[-1])) - cu_seqlens[:-1][seq]
-    return packed_attention_padded(q, k, v, pad_index.to(q.device), unpad_index.to(q.device))
+    return varlen_attention_cpu(q, k, v, list(zip(offsets[:-1], offsets[1:])))
 
 
 @varlen_attention.register_fake
 def _(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor) -> Tensor:
     return q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
-

@@ -3,14 +3,16 @@
 Nodes are numbered depth by depth (root = 0); the children of a node are consecutive node
 ids sorted by token, so a node's allowed next tokens are `token[first_child : first_child +
 num_children]`. A beam carries the trie node of its generated prefix; one step turns the
-nodes of all beams into the flat list of (beam, token, child node) continuations with
-tensor ops only (no per-beam Python). A beam whose node has no children (a code shorter
-than the requested steps) has no continuation and drops out.
+nodes of all beams into their (beam, token, child node) continuations with tensor ops only
+(no per-beam Python): `children` as a fixed-shape grid (each beam's children, padded to the
+most any node of that depth has, so no size depends on device data and nothing syncs with
+the host), `continuations` as the flat list. A beam whose node has no children (a code
+shorter than the requested steps) has no continuation and drops out.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -31,19 +33,43 @@ class Continuations:
 
 
 @dataclass(frozen=True)
+class Children:
+    token: Tensor  # [B, K] allowed next token (0 where not `valid`)
+    node: Tensor  # [B, K] trie node after taking it (a valid node id where not `valid`)
+    valid: Tensor  # [B, K] bool: the k-th child of the beam's node exists
+
+
+@dataclass(frozen=True)
 class ItemTrie:
     token: Tensor  # [N] token on the edge into each node (root: -1)
     first_child: Tensor  # [N] node id of the first child (any value when there is none)
     num_children: Tensor  # [N]
     depth: int  # longest code
+    level_children: tuple[int, ...] = ()  # per depth (root: 0): the most children of any node there
 
     @property
     def num_nodes(self) -> int:
         return self.token.shape[0]
 
     def to(self, device: torch.device | str) -> "ItemTrie":
-        return ItemTrie(self.token.to(device), self.first_child.to(device), self.num_children.to(device),
-                        self.depth)
+        """A copy on `device` (from pinned memory without waiting, when that is a GPU)."""
+        device = torch.device(device)
+        move = (lambda t: t.pin_memory().to(device, non_blocking=True)) if device.type == "cuda" \
+            else (lambda t: t.to(device))
+        return ItemTrie(move(self.token), move(self.first_child), move(self.num_children), self.depth,
+                        self.level_children)
+
+    def children(self, nodes: Tensor, depth: Optional[int] = None) -> Children:
+        """nodes: [B] trie node of each beam -> each beam's children as a [B, K] grid, in token
+        order; K: the most children of a node at `depth` (all of `nodes` lie there), or of any
+        node when None. Fixed shapes: no device value decides a size."""
+        k = max(self.level_children) if depth is None else \
+            (self.level_children[depth] if depth < len(self.level_children) else 0)
+        rank = torch.arange(max(k, 1), device=nodes.device)  # [K]
+        valid = rank < self.num_children[nodes][:, None]  # [B, K]
+        child = torch.where(valid, self.first_child[nodes][:, None] + rank, 0)
+        token = torch.where(valid, self.token[child], 0)
+        return Children(token, child, valid)
 
     def continuations(self, nodes: Tensor) -> Continuations:
         """nodes: [B] trie node of each beam -> every allowed (beam, token, child) triple,
@@ -83,7 +109,8 @@ def build_trie(codes: Sequence[Sequence[int]], vocab: int) -> ItemTrie:
     counts.append(np.zeros(level_size, dtype=np.int64))  # the deepest nodes are leaves
     firsts.append(np.zeros(level_size, dtype=np.int64))
     cat = lambda parts: torch.from_numpy(np.concatenate(parts).astype(np.int64))  # noqa: E731
-    return ItemTrie(cat(tokens), cat(firsts), cat(counts), depth)
+    level_children = tuple(int(c.max()) if c.size else 0 for c in counts)
+    return ItemTrie(cat(tokens), cat(firsts), cat(counts), depth, level_children)
 
 
 def _pad_codes(codes: Sequence[Sequence[int]], vocab: int) -> np.ndarray:

@@ -53,18 +53,25 @@ def dense_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Te
     return F.linear(x, weight, bias)
 
 
+FP8 = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(torch.float8_e4m3fn).max
+
+
 def fp8_quantise(weight: Tensor) -> tuple[Tensor, Tensor]:
-    """Per-tensor float8_e4m3fn weight and its float32 scale, for `fp8_linear`."""
-    fmax = torch.finfo(torch.float8_e4m3fn).max
-    scale = weight.abs().amax().float().clamp(min=1e-12) / fmax
-    return (weight.float() / scale).to(torch.float8_e4m3fn), scale
+    """Rowwise float8_e4m3fn weight: weight [N, K] -> (w8 [N, K], scale [1, N] float32), one
+    scale per output feature, for `fp8_linear`."""
+    scale = (weight.float().abs().amax(-1).clamp(min=1e-12) / FP8_MAX)[None, :]  # [1, N]
+    w8 = (weight.float() / scale.t()).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    return w8, scale
 
 
 def fp8_linear(x: Tensor, weight_fp8: Tensor, weight_scale: Tensor,
                bias: Optional[Tensor] = None) -> Tensor:
-    # x: [T, K]; weight_fp8: [N, K]; dynamic per-tensor activation scale
-    fmax = torch.finfo(torch.float8_e4m3fn).max
-    x_scale = x.abs().amax().float().clamp(min=1e-12) / fmax
-    x8 = (x.float() / x_scale).to(torch.float8_e4m3fn)
+    """x [T, K] (bfloat16) @ dequantised weight.T -> [T, N] in x's dtype: dynamic rowwise
+    activation scales [T, 1], the weight's rowwise scales [1, N], `torch._scaled_mm`
+    (CUTLASS rowwise kernel on sm89/sm90: both operands e4m3, the weight column-major, K and
+    N multiples of 16, bfloat16 output and bias)."""
+    x_scale = x.float().abs().amax(-1, keepdim=True).clamp(min=1e-12) / FP8_MAX  # [T, 1]
+    x8 = (x.float() / x_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     return torch._scaled_mm(x8, weight_fp8.t(), scale_a=x_scale, scale_b=weight_scale,
                             bias=bias, out_dtype=x.dtype)

@@ -6,7 +6,8 @@ Shapes: R requests, W beam rows per request, V vocabulary, C allowed continuatio
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -41,38 +42,69 @@ def top_continuations(logp: Tensor, cum: Tensor, k: int) -> tuple[Tensor, Tensor
     return scores, index // v, index % v
 
 
-def constrained_continuations(trie: ItemTrie, logp: Tensor, cum: Tensor, nodes: Tensor,
-                              w: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """One request: logp [w_in, V], cum/nodes [w_in] -> the best <= w continuations that stay
-    on the trie: scores, parent rows, tokens, trie nodes (best first)."""
-    live = torch.nonzero(torch.isfinite(cum)).flatten()
-    c = trie.continuations(nodes[live])
-    parent = live[c.beam]
-    total = cum[parent] + logp[parent, c.token]  # [C]
-    total, order = torch.topk(total, min(w, total.shape[0]))
-    keep = torch.isfinite(total)
-    order = order[keep]
-    return total[keep], parent[order], c.token[order], c.node[order]
+def constrained_continuations(trie: ItemTrie, logp: Tensor, cum: Tensor, nodes: Tensor, w: int,
+                              depth: Optional[int] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """One request: logp [w_in, V], cum/nodes [w_in] (its beams' nodes at `depth` of the
+    trie, or anywhere when None) -> the best min(w, w_in * K) continuations that stay on the
+    trie: scores (-inf: none, a dead beam), parent rows, tokens, trie nodes (best first).
+    Fixed shapes (K from the trie, not from the beams' nodes): nothing syncs with the host."""
+    c = trie.children(nodes, depth)  # [w_in, K]
+    total = cum[:, None] + logp.gather(1, c.token)  # [w_in, K]
+    total = total.masked_fill(~c.valid, -math.inf)  # dead parents (-inf cum) stay -inf
+    k = c.token.shape[1]
+    total, flat = torch.topk(total.view(-1), min(w, total.numel()))
+    return total, flat // k, c.token.view(-1)[flat], c.node.view(-1)[flat]
 
 
-def next_beams(logp: Tensor, cum: Tensor, nodes: Tensor, w: int, tries: Sequence[Optional[ItemTrie]],
-               widths: Sequence[int]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The next [R, w] beams of R requests: logp [R, w_in, V], cum/nodes [R, w_in]; request
-    i keeps `widths[i]` rows and, when `tries[i]` is set, only continuations on that trie.
-    -> scores (-inf: dead or padding row), parent rows, tokens, trie nodes: [R, w] each."""
-    r, device = len(tries), logp.device
-    scores = torch.full((r, w), -math.inf, device=device)
-    parents, tokens, new_nodes = (torch.zeros(r, w, dtype=torch.int64, device=device) for _ in range(3))
+@dataclass(frozen=True)
+class Choice:
+    """How a batch chooses its beams, fixed once per batch (prepare_choice): which requests
+    are free and which follow a trie, and which rows lie past each request's width."""
+
+    width: int  # W rows per request
+    free: Optional[Tensor]  # [F] device index of the free requests; None: every request is free
+    num_free: int
+    tries: tuple[tuple[int, ItemTrie], ...]  # (request, its trie) of the constrained ones
+    past_width: Optional[Tensor]  # [R, W] bool on the device: rows past a request's width; None: none
+
+
+def prepare_choice(tries: Sequence[Optional[ItemTrie]], widths: Sequence[int], w: int,
+                   to_device: Callable[[list[int]], Tensor]) -> Choice:
+    """The batch's Choice; `to_device(ints)` puts host ints on the device (the runtime's
+    staging: pinned, one non-blocking copy)."""
     free = [i for i, trie in enumerate(tries) if trie is None]
-    if free:
-        k = min(w, logp.shape[1] * logp.shape[2])
-        idx = torch.tensor(free, device=device)
-        args = (logp, cum) if len(free) == r else (logp[idx], cum[idx])
-        scores[idx, :k], parents[idx, :k], tokens[idx, :k] = top_continuations(*args, k)
-    for i, (trie, width) in enumerate(zip(tries, widths)):
-        if trie is not None:
-            sc, par, tok, nod = constrained_continuations(trie, logp[i], cum[i], nodes[i], w)
-            n = sc.shape[0]
-            scores[i, :n], parents[i, :n], tokens[i, :n], new_nodes[i, :n] = sc, par, tok, nod
-        scores[i, width:] = -math.inf  # rows past the request's own width
+    short = [i for i, width in enumerate(widths) if width < w]
+    index = None if len(free) == len(tries) else to_device(free)
+    past = None
+    if short:
+        limit = to_device(list(widths))  # [R]
+        past = torch.arange(w, device=limit.device)[None, :] >= limit[:, None]
+    return Choice(w, index, len(free), tuple((i, t) for i, t in enumerate(tries) if t is not None), past)
+
+
+def next_beams(logp: Tensor, cum: Tensor, nodes: Tensor, choice: Choice,
+               depth: Optional[int] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The next [R, W] beams of R requests: logp [R, w_in, V], cum/nodes [R, w_in] (nodes at
+    `depth` of the tries); a free request takes the best of all its continuations, a
+    constrained one only continuations on its trie, each keeps its own width.
+    -> scores (-inf: dead or padding row), parent rows, tokens, trie nodes: [R, W] each."""
+    r, w, device = logp.shape[0], choice.width, logp.device
+    k = min(w, logp.shape[1] * logp.shape[2])
+    if choice.num_free == r and k == w:  # the common case: the top-k is the whole answer
+        scores, parents, tokens = top_continuations(logp, cum, k)
+        new_nodes = torch.zeros(r, w, dtype=torch.int64, device=device)
+    else:
+        scores = torch.full((r, w), -math.inf, device=device)
+        parents, tokens, new_nodes = (torch.zeros(r, w, dtype=torch.int64, device=device) for _ in range(3))
+        if choice.num_free == r:
+            scores[:, :k], parents[:, :k], tokens[:, :k] = top_continuations(logp, cum, k)
+        elif choice.num_free:
+            idx = choice.free
+            scores[idx, :k], parents[idx, :k], tokens[idx, :k] = top_continuations(logp[idx], cum[idx], k)
+    for i, trie in choice.tries:
+        sc, par, tok, nod = constrained_continuations(trie, logp[i], cum[i], nodes[i], w, depth)
+        n = sc.shape[0]
+        scores[i, :n], parents[i, :n], tokens[i, :n], new_nodes[i, :n] = sc, par, tok, nod
+    if choice.past_width is not None:
+        scores = scores.masked_fill(choice.past_width, -math.inf)
     return scores, parents, tokens, new_nodes

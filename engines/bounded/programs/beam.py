@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from engines.bounded.kernels.attention import varlen_attention
+from engines.bounded.kernels.attention import packed_attention
 from engines.bounded.kernels.beam_attention import key_bias, shared_prefix_attention
 from engines.bounded.model.decoder import DecoderModel
 
@@ -18,21 +18,23 @@ from engines.bounded.model.decoder import DecoderModel
 class BeamPrefill(nn.Module):
     """Packed prefill of R prompts, keeping every layer's K/V.
 
-    forward(tokens [T], positions [T], cu_seqlens [R+1] (host), pad_index [R, L],
-    last_index [R]) -> (final-normed hidden state at each prompt's last token [R, hidden],
-    prompt_k [layers, R, Hkv, L, D] float32, prompt_v likewise; rows past a prompt's end
-    hold copies of its last token and must be masked by the reader). Attention is the
-    prefill's own `bounded::varlen_attention` op; `pad_index` only lays out the K/V.
+    forward(tokens [T], positions [T], cu_seqlens [R+1], pad_index [R, L], unpad_index [T],
+    last_index [R]) (PackedBatch.varlen_args) -> (final-normed hidden state at each prompt's
+    last token [R, hidden], prompt_k [layers, R, Hkv, L, D] float32, prompt_v likewise; rows
+    past a prompt's end hold copies of its last token and must be masked by the reader).
+    Attention as in programs/prefill.py; `pad_index` also lays out the K/V.
     """
 
-    def __init__(self, model: DecoderModel):
+    def __init__(self, model: DecoderModel, attention: str = "per_sequence"):
         super().__init__()
-        self.model = model
+        self.model, self.attention = model, attention
 
     def forward(self, tokens: Tensor, positions: Tensor, cu_seqlens: Tensor, pad_index: Tensor,
-                last_index: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+                unpad_index: Tensor, last_index: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        attend_packed = packed_attention(self.attention, cu_seqlens, pad_index, unpad_index)
+
         def attend(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-            return varlen_attention(q, k, v, cu_seqlens)
+            return attend_packed(q, k, v)
 
         hidden, kv = self.model(tokens, positions, attend, rows=last_index, keep_kv=True)
         # [layers, T, Hkv, D] -> padded per prompt [layers, R, Hkv, L, D]

@@ -4,25 +4,29 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from engines.bounded.kernels.attention import varlen_attention
+from engines.bounded.kernels.attention import packed_attention
 from engines.bounded.model.decoder import DecoderModel
 
 
 class ScorePrefill(nn.Module):
-    """forward(tokens [T], positions [T], cu_seqlens [S+1] (host), last_index [S],
-    label_ids [N]) -> label logits [S, N] float32. The softmax is left to the caller, which
-    may batch requests with different labels (N = their union). Attention is the opaque
-    `bounded::varlen_attention` op; everything else compiles.
+    """forward(tokens [T], positions [T], cu_seqlens [S+1], pad_index [S, L], unpad_index [T],
+    last_index [S], label_ids [N]) -> label logits [S, N] float32 (PackedBatch.varlen_args,
+    then the labels; all on the device). The softmax is left to the caller, which may batch
+    requests with different labels (N = their union). `attention` (kernels/attention.py)
+    says which metadata the graph reads: cu_seqlens ("per_sequence") or the padded-view
+    indices ("padded"); everything else compiles.
     """
 
-    def __init__(self, model: DecoderModel):
+    def __init__(self, model: DecoderModel, attention: str = "per_sequence"):
         super().__init__()
-        self.model = model
+        self.model, self.attention = model, attention
 
-    def forward(self, tokens: Tensor, positions: Tensor, cu_seqlens: Tensor, last_index: Tensor,
-                label_ids: Tensor) -> Tensor:
+    def forward(self, tokens: Tensor, positions: Tensor, cu_seqlens: Tensor, pad_index: Tensor,
+                unpad_index: Tensor, last_index: Tensor, label_ids: Tensor) -> Tensor:
+        attend_packed = packed_attention(self.attention, cu_seqlens, pad_index, unpad_index)
+
         def attend(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-            return varlen_attention(q, k, v, cu_seqlens)
+            return attend_packed(q, k, v)
 
         hidden, _ = self.model(tokens, positions, attend, rows=last_index)  # [S, hidden]
         return self.model.label_logits(hidden, label_ids)  # [S, N] float32

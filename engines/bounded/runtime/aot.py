@@ -56,6 +56,7 @@ class CompileKey:
     shapes: Any  # a frozen dataclass of the sizes the package is built for (plan.py)
     code: str = field(default_factory=source_digest)  # the graph-defining sources
     inductor: str = ""  # Inductor settings the package was compiled with (json)
+    attention: str = "per_sequence"  # the packed prefill's attention (kernels/attention.py)
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
@@ -82,18 +83,20 @@ class Loaded:
 
 def load_or_compile(key: CompileKey, build: Callable[[], nn.Module], example_args: tuple,
                     dynamic_shapes: tuple, log: Callable[[str], None],
-                    inductor_configs: Optional[dict[str, Any]] = None) -> Loaded:
-    """Load the package for `key`, compiling it first if the cache has none (or a broken one)."""
+                    inductor_configs: Optional[dict[str, Any]] = None, single_threaded: bool = False) -> Loaded:
+    """Load the package for `key`, compiling it first if the cache has none (or a broken one).
+    `single_threaded`: load it to run on the caller's thread and stream only (what CUDA graph
+    capture of a package needs)."""
     path = key.package_path()
     t0 = time.perf_counter()
     if path.is_file():
         try:
-            runner = torch._inductor.aoti_load_package(str(path))
+            runner = torch._inductor.aoti_load_package(str(path), run_single_threaded=single_threaded)
             return Loaded(runner, path, False, time.perf_counter() - t0)
         except Exception as e:  # a truncated or foreign package: rebuild it
             log(f"cached package {path} does not load ({e}); recompiling")
     compile_package(key, build(), example_args, dynamic_shapes, log, inductor_configs)
-    runner = torch._inductor.aoti_load_package(str(path))
+    runner = torch._inductor.aoti_load_package(str(path), run_single_threaded=single_threaded)
     return Loaded(runner, path, True, time.perf_counter() - t0)
 
 

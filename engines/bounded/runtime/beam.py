@@ -14,6 +14,16 @@ beams after a step gathers the suffix rows into the other buffer, and nothing el
 Row layout of a batch: request r owns rows [r*W, (r+1)*W) of the W-row width bucket; rows
 past its own width, and beams that died (no allowed continuation), carry score -inf and are
 never chosen.
+
+On a GPU the decode step (transformer body and head) is a CUDA graph per (width bucket,
+requests bucket, ping-pong parity), captured at start on the planned buffers
+(runtime/graphs.py): prompts are laid out at the plan's prompt bound (the attention bias
+masks the rest), a batch runs at the smallest requests bucket >= its requests (padding
+requests are masked prompts of length 1 whose rows are never read), and a step only fills
+the static inputs and replays. Nothing on the walk reads the device before the outputs:
+per-batch metadata goes through the staging buffer, per-step scalars are preallocated, the
+choice of beams has fixed shapes. On a CPU the same walk runs each step directly at the
+batch's own size.
 """
 from __future__ import annotations
 
@@ -34,6 +44,7 @@ from engines.bounded.programs.beam import BeamDecodeStep, BeamPrefill
 from engines.bounded.runtime import export
 from engines.bounded.runtime.buffers import BeamBuffers
 from engines.bounded.runtime.compiled import CompiledRuntime, Graph
+from engines.bounded.runtime.graphs import Backend, CudaBackend, GraphSet
 
 @dataclass(frozen=True)
 class BeamJob:
@@ -64,14 +75,18 @@ class BeamState:
 
 @dataclass
 class BeamBatch:
-    """One batch between the walk's moves: its jobs, the shapes chosen for it, its beams."""
+    """One batch between the walk's moves: its jobs, the shapes chosen for it (once, at the
+    prefill), its device metadata and its beams."""
 
     jobs: Sequence[BeamJob]
     steps: int
     width: int  # rows per request (the width bucket)
     step_graph: Graph
-    prompt_len: Tensor  # [R]
-    longest: int
+    rows: int  # requests a decode step runs for: R, or the captured requests bucket >= R
+    prompt_stride: int  # P of the prompt K/V layout: the longest prompt, or the plan's bound (graphs)
+    prompt_len: Tensor  # [rows] (padding requests: 1)
+    choice: select.Choice
+    row_base: Tensor  # [R, 1] first row of each request
     hidden: Optional[Tensor] = None  # [R, hidden] after the prefill, for step 1
     state: Optional[BeamState] = None
 
@@ -82,10 +97,15 @@ class BeamBatch:
 
 class BeamRuntime(CompiledRuntime):
     def __init__(self, model_dir: Path, policy: PrecisionPolicy, device: str, plan: BeamPlan,
-                 banned: Sequence[int], compile_mode: str = "aot", log: Callable[[str], None] = print):
-        super().__init__(model_dir, policy, device, compile_mode, log)
+                 banned: Sequence[int], compile_mode: str = "aot", log: Callable[[str], None] = print,
+                 attention: str = "auto", cuda_graphs: bool = True, graph_backend: Optional[Backend] = None):
+        """`cuda_graphs`: capture the decode steps on a GPU; `graph_backend` captures them on
+        any device instead (tests)."""
+        super().__init__(model_dir, policy, device, compile_mode, log, attention)
         self.plan, self.banned_ids = plan, list(banned)
+        self.cuda_graphs, self.graph_backend = cuda_graphs, graph_backend
         self.buffers: Optional[BeamBuffers] = None
+        self.graphs: Optional[GraphSet] = None
 
     # --- build ----------------------------------------------------------------------------
 
@@ -97,10 +117,10 @@ class BeamRuntime(CompiledRuntime):
         cfg = read_model_config(self.model_dir)
         steps = [export.beam_step(p, w, cfg, lambda: BeamDecodeStep(self.model()).eval(), d)
                  for w in sorted(set(p.widths))]
-        return [export.beam_prefill(p, lambda: BeamPrefill(self.model()).eval(), d), *steps]
+        return [export.beam_prefill(p, lambda: self._program(BeamPrefill), d), *steps]
 
     def eager_graphs(self) -> dict[str, Graph]:
-        return {"beam_prefill": BeamPrefill(self.model()).eval(), "beam_step": BeamDecodeStep(self.model()).eval()}
+        return {"beam_prefill": self._program(BeamPrefill), "beam_step": BeamDecodeStep(self.model()).eval()}
 
     def serve(self, graphs: dict[str, Graph], compiled: bool) -> None:
         self._prefill = graphs["beam_prefill"]
@@ -113,6 +133,37 @@ class BeamRuntime(CompiledRuntime):
         self.banned = torch.tensor(self.banned_ids, dtype=torch.int64, device=self.device)
         self.packed_head = head.prepack_head(self.head_weight, self.plan.max_width)
         self.status["buffers_mib"] = round(self.buffers.nbytes() / 2**20, 1)
+        self._capture_steps()
+
+    def _capture_steps(self) -> None:
+        """CUDA graphs of every decode step shape the plan allows, or why there are none."""
+        backend = self.graph_backend
+        if backend is None and self.device.type == "cuda" and self.cuda_graphs:
+            backend = CudaBackend(self.device)
+        if backend is None:
+            self.status["cuda_graphs"] = "off" if self.device.type == "cuda" else f"n/a ({self.device.type})"
+            return
+        graphs, keys = GraphSet(backend), []
+        try:
+            with torch.inference_mode():
+                for w in sorted(set(self.plan.widths)):
+                    step, _ = self.step_graph(w)
+                    for rows in self.plan.request_buckets(w):
+                        for parity in (0, 1):
+                            graphs.capture((w, rows, parity), self._step_call(step, w, rows, parity,
+                                                                               self.plan.max_prompt))
+                            keys.append(f"w{w}xr{rows}p{parity}")
+        except Exception as e:  # a capture that fails leaves the steps running uncaptured
+            reason = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+            self.log(f"CUDA graph capture of the beam steps failed, running them uncaptured: {reason}")
+            self.status["cuda_graphs"] = {"captured": 0, "fallback_reason": reason}
+            return
+        self.graphs = graphs
+        self.status["cuda_graphs"] = {"captured": len(keys), "shapes": keys,
+                                      "outputs_mib": round(graphs.nbytes() / 2**20, 1)}
+
+    def _program(self, cls):
+        return cls(self.model(), self.attention).eval()
 
     def step_graph(self, width: int) -> tuple[Graph, int]:
         """The decode-step graph for requests of up to `width` beams, and its row width."""
@@ -127,24 +178,41 @@ class BeamRuntime(CompiledRuntime):
 
     @torch.inference_mode()
     def prefill(self, jobs: Sequence[BeamJob]) -> BeamBatch:
-        """Pack the prompts, run the prefill graph, store each prompt's K/V once."""
-        steps, r, p = jobs[0].steps, len(jobs), self.plan
+        """Pack the prompts, run the prefill graph, store each prompt's K/V once, and fix the
+        batch's shapes and device metadata for every step."""
+        steps, r, p, buf = jobs[0].steps, len(jobs), self.plan, self.buffers
         if any(j.steps != steps for j in jobs) or r > p.max_requests:
             raise ValueError(f"a beam batch holds 1..{p.max_requests} jobs with equal decode_steps")
         graph, width = self.step_graph(max(j.width for j in jobs))
         if max(j.width for j in jobs) > p.max_width or r * width > p.max_rows or steps > p.max_steps:
             raise ValueError(f"{r} requests x {width} beams x {steps} steps exceed the planned buffers")
-        packed = self.buffers.pack.pack([list(j.prompt) for j in jobs])
+        packed = buf.pack.pack([list(j.prompt) for j in jobs])
         # [R, hidden]; [layers, R, Hkv, L, D]
-        hidden, k, v = self._prefill(packed.tokens, packed.positions, packed.cu_seqlens,
-                                     packed.pad_index, packed.last_index)
+        hidden, k, v = self._prefill(*packed.varlen_args())
         longest = k.shape[3]
-        pk, pv = self.buffers.prompt_views(r, longest)
-        pk.copy_(k)
-        pv.copy_(v)
-        prompt_len = self.buffers.prompt_len[:r]
-        prompt_len.copy_(torch.tensor([e - s for s, e in packed.spans]))
-        return BeamBatch(jobs, steps, width, graph, prompt_len, longest, hidden=hidden)
+        rows = self._rows_bucket(r, width)
+        stride = p.max_prompt if self.graphs is not None else longest
+        pk, pv = buf.prompt_views(rows, stride)
+        if (rows, stride) == (r, longest):
+            pk.copy_(k)
+            pv.copy_(v)
+        else:
+            pk[:, :r, :, :longest].copy_(k)
+            pv[:, :r, :, :longest].copy_(v)
+        prompt_len = buf.prompt_len[:rows]
+        prompt_len[:r].copy_(packed.cu_seqlens[1:] - packed.cu_seqlens[:-1])
+        if rows > r:  # padding requests: one valid (stale) key, so their rows stay finite
+            prompt_len[r:].fill_(1)
+            buf.rows[r * width:rows * width].copy_(torch.arange(r * width, rows * width, device=self.device))
+        choice = select.prepare_choice([j.trie for j in jobs], [j.width for j in jobs], width,
+                                       buf.pack.staging.put)
+        row_base = (torch.arange(r, device=self.device) * width)[:, None]
+        return BeamBatch(jobs, steps, width, graph, rows, stride, prompt_len, choice, row_base, hidden=hidden)
+
+    def _rows_bucket(self, r: int, width: int) -> int:
+        if self.graphs is None:
+            return r
+        return next(b for b in self.plan.request_buckets(width) if b >= r)
 
     @torch.inference_mode()
     def step(self, batch: BeamBatch, j: int) -> BeamBatch:
@@ -165,7 +233,7 @@ class BeamRuntime(CompiledRuntime):
 
     def outputs(self, batch: BeamBatch) -> list[BeamOutput]:
         out = []
-        scores, history = batch.state.scores.cpu(), batch.state.history.cpu()
+        scores, history = batch.state.scores.cpu(), batch.state.history.cpu()  # the result is read here
         for i, job in enumerate(batch.jobs):
             live = int(torch.isfinite(scores[i, : job.width]).sum())  # sorted: live rows first
             out.append(BeamOutput(history[i, :live].tolist(), scores[i, :live].tolist()))
@@ -173,26 +241,42 @@ class BeamRuntime(CompiledRuntime):
 
     # --- pieces ---------------------------------------------------------------------------
 
+    def _step_call(self, step: Graph, w: int, rows: int, parity: int, stride: int) -> Callable[[], tuple]:
+        """One decode pass on the planned buffers of `rows` requests of `w` rows, reading the
+        suffix K/V of ping-pong buffer `parity` -> (log-probs [rows*W, V], new K, new V): the
+        call a CUDA graph captures (every tensor it touches is a fixed view of the buffers)."""
+        buf, b = self.buffers, rows * w
+        tokens, positions = buf.tokens[:b], buf.positions[:b]
+        pk, pv = buf.prompt_views(rows, stride)
+        prompt_len, (sk, sv) = buf.prompt_len[:rows], buf.suffix_views(parity, b)
+
+        def call() -> tuple[Tensor, Tensor, Tensor]:
+            hidden, nk, nv = step(tokens, positions, pk, pv, prompt_len, sk, sv, buf.suffix_len)
+            return self._head(hidden), nk, nv
+        return call
+
     def _decode(self, batch: BeamBatch, t: int) -> Tensor:
         """Decode pass over the t-th generated tokens (t >= 1): -> log-probs [R, W, V]."""
-        r, w, buf = batch.requests, batch.width, self.buffers
-        b = r * w
-        src, dst = buf.suffix_views((t + 1) % 2, b), buf.suffix_views(t % 2, b)
+        r, w, rows, buf = batch.requests, batch.width, batch.rows, self.buffers
+        b, padded = r * w, rows * w
+        parity = t % 2
+        src, dst = buf.suffix_views(1 - parity, padded), buf.suffix_views(parity, padded)
         if t > 1:  # the surviving beams' suffix K/V move to their new rows; nothing else moves
-            rows = (batch.state.parents + torch.arange(r, device=self.device)[:, None] * w).reshape(b)
+            order = buf.rows[:padded]  # past b: the padding rows, in place
+            order[:b].copy_((batch.state.parents + batch.row_base).reshape(b))
             for s_, d_ in zip(src, dst):
-                torch.index_select(s_, 1, rows, out=d_)
-        tokens, positions = buf.tokens[:b], buf.positions[:b]
-        tokens.copy_(batch.state.history[:, :, t - 1].reshape(b))
-        positions.copy_((batch.prompt_len[:, None] + (t - 1)).expand(r, w).reshape(b))
-        pk, pv = buf.prompt_views(r, batch.longest)
-        suffix_len = torch.tensor(t - 1, device=self.device)
-        hidden, nk, nv = batch.step_graph(tokens, positions, pk, pv, batch.prompt_len, dst[0], dst[1],
-                                          suffix_len)
+                torch.index_select(s_, 1, order, out=d_)
+        buf.tokens[:b].copy_(batch.state.history[:, :, t - 1].reshape(b))
+        buf.positions[:padded].copy_((batch.prompt_len[:, None] + (t - 1)).expand(rows, w).reshape(padded))
+        buf.suffix_len.fill_(t - 1)
+        if self.graphs is not None:
+            logp, nk, nv = self.graphs.replay((w, rows, parity))
+        else:
+            logp, nk, nv = self._step_call(batch.step_graph, w, rows, parity, batch.prompt_stride)()
         if t - 1 < self.plan.suffix_slots and t < batch.steps - 1:  # read by a later pass
             dst[0][:, :, t - 1].copy_(nk)
             dst[1][:, :, t - 1].copy_(nv)
-        return self._head(hidden).view(r, w, -1)
+        return logp.view(rows, w, -1)[:r]
 
     def _head(self, hidden: Tensor) -> Tensor:
         # hidden: [rows, hidden] -> log-probabilities [rows, V] in the planned buffer
@@ -202,10 +286,8 @@ class BeamRuntime(CompiledRuntime):
     def _select(self, batch: BeamBatch, logp: Tensor, cum: Tensor, nodes: Tensor, state: BeamState,
                 t: int) -> BeamState:
         """logp: [R, w_in, V], cum/nodes: [R, w_in] -> the next [R, W] beams, whose t-th
-        token (0-based) is chosen here."""
-        jobs, w = batch.jobs, state.scores.shape[1]
-        scores, parents, tokens, new_nodes = select.next_beams(logp, cum, nodes, w, [j.trie for j in jobs],
-                                                               [j.width for j in jobs])
+        token (0-based) is chosen here (their parents' trie nodes lie at depth t)."""
+        scores, parents, tokens, new_nodes = select.next_beams(logp, cum, nodes, batch.choice, depth=t)
         history = state.history.gather(1, parents[:, :, None].expand_as(state.history))
         history[:, :, t] = tokens
         return BeamState(scores, history, new_nodes, parents)

@@ -3,8 +3,10 @@ fills a prefix of them.
 
 Packing: the valid tokens of many sequences as one [T] sequence, and the one explicit
 metadata object (`PackedBatch`) the hot path reads: positions, padded-view indices, last
-rows; `PackBuffers` holds its index buffers. `BeamBuffers`: the prompt K/V (written once
-per batch), each beam's suffix K/V in two ping-pong buffers, the head's output rows.
+rows, offsets; `PackBuffers` builds it once per batch on the host and sends it to the
+device in one non-blocking copy (staging.py). `BeamBuffers`: the prompt K/V (written once
+per batch), each beam's suffix K/V in two ping-pong buffers, the head's output rows, the
+decode step's inputs.
 """
 from __future__ import annotations
 
@@ -17,17 +19,20 @@ from torch import Tensor
 
 from engines.bounded.model.config import ModelConfig
 from engines.bounded.plan import BeamPlan
+from engines.bounded.runtime.staging import Staging
 
 
 @dataclass(frozen=True)
 class PackedBatch:
+    """A packed batch's metadata, on the device (views of the staging buffer)."""
+
     tokens: Tensor  # [T] int64 token ids, sequences back to back
     positions: Tensor  # [T] position of each token within its sequence
     pad_index: Tensor  # [S, L] packed row of (sequence, position); past the end: the last row
     unpad_index: Tensor  # [T] row of the flattened [S*L] padded view for each token
     last_index: Tensor  # [S] packed row of each sequence's last token
     spans: tuple[tuple[int, int], ...]  # host copy: (start, end) of each sequence
-    cu_seqlens: Tensor  # [S+1] int64 on the host: sequence offsets (start of each, then T)
+    cu_seqlens: Tensor  # [S+1] int64 sequence offsets (start of each, then T); the host's on a CPU
 
     @property
     def num_tokens(self) -> int:
@@ -38,49 +43,43 @@ class PackedBatch:
         return len(self.spans)
 
     def varlen_args(self) -> tuple[Tensor, ...]:
-        """The tensors a varlen-attention prefill graph takes (programs.ScorePrefill)."""
-        return self.tokens, self.positions, self.cu_seqlens, self.last_index
+        """The metadata a packed prefill graph takes (programs/prefill.py, programs/beam.py),
+        for either attention: cu_seqlens (per sequence, CPU) or the padded-view indices."""
+        return self.tokens, self.positions, self.cu_seqlens, self.pad_index, self.unpad_index, self.last_index
 
 
 class PackBuffers:
-    """Index buffers for up to `max_tokens` tokens in `max_seqs` sequences of at most
-    `max_len` tokens each, on `device`."""
+    """Metadata for up to `max_tokens` tokens in `max_seqs` sequences of at most `max_len`
+    tokens each, on `device`: built on the host once per batch into one staging buffer and
+    sent to the device in one non-blocking copy (`extra` slots more for the caller's own
+    per-batch ints, e.g. label ids, through `self.staging.put` after `pack`)."""
 
-    def __init__(self, max_tokens: int, max_seqs: int, max_len: int, device: torch.device):
+    def __init__(self, max_tokens: int, max_seqs: int, max_len: int, device: torch.device, extra: int = 0):
         self.max_tokens, self.max_seqs, self.max_len = max_tokens, max_seqs, max_len
-        i64 = dict(dtype=torch.int64, device=device)
-        self.tokens = torch.zeros(max_tokens, **i64)
-        self.positions = torch.zeros(max_tokens, **i64)
-        self.unpad_index = torch.zeros(max_tokens, **i64)
-        self.last_index = torch.zeros(max_seqs, **i64)
         # no sequence is longer than the token budget, so S*L <= max_seqs * min(max_len, budget)
-        self.pad_index = torch.zeros(max_seqs * min(max_len, max_tokens), **i64)
-        self.cu_seqlens = torch.zeros(max_seqs + 1, dtype=torch.int64)  # host: read by the attention op
+        pad = max_seqs * min(max_len, max_tokens)
+        self.staging = Staging(3 * max_tokens + pad + 2 * max_seqs + 1 + extra, torch.device(device))
 
     def pack(self, seqs: Sequence[Sequence[int]]) -> PackedBatch:
+        """Starts a batch on the staging buffer (anything `put` there later rides along)."""
         lengths = [len(s) for s in seqs]
         total, n, longest = sum(lengths), len(seqs), max(lengths)
         if n > self.max_seqs or total > self.max_tokens or longest > self.max_len or min(lengths) < 1:
             raise ValueError(f"batch of {n} sequences, {total} tokens, longest {longest} is outside "
                              f"the planned buffers ({self.max_seqs} sequences, {self.max_tokens} "
                              f"tokens, {self.max_len} per sequence, none empty)")
-        flat = [t for s in seqs for t in s]
         meta = _index_arrays(torch.tensor(lengths), longest)
-        tokens = _fill(self.tokens, torch.tensor(flat, dtype=torch.int64))
-        positions = _fill(self.positions, meta["positions"])
-        unpad = _fill(self.unpad_index, meta["unpad_index"])
-        last = _fill(self.last_index, meta["last_index"])
-        pad = _fill(self.pad_index, meta["pad_index"].reshape(-1)).view(n, longest)
-        starts = meta["starts"].tolist()
-        spans = tuple((s, s + l) for s, l in zip(starts, lengths))
-        cu = _fill(self.cu_seqlens, torch.tensor(starts + [total], dtype=torch.int64))
-        return PackedBatch(tokens, positions, pad, unpad, last, spans, cu)
-
-
-def _fill(buffer: Tensor, values: Tensor) -> Tensor:
-    view = buffer[: values.shape[0]]
-    view.copy_(values)
-    return view
+        meta["tokens"] = torch.tensor([t for s in seqs for t in s], dtype=torch.int64)
+        st = self.staging
+        st.begin()
+        views = {}
+        for name in ("tokens", "positions", "unpad_index", "last_index", "pad_index", "cu_seqlens"):
+            host, views[name] = st.reserve(meta[name].numel())
+            host.copy_(meta[name].reshape(-1))
+        st.flush()
+        spans = tuple((e - l, e) for e, l in zip(meta["cu_seqlens"][1:].tolist(), lengths))
+        tokens, positions, unpad, last, pad, cu = views.values()
+        return PackedBatch(tokens, positions, pad.view(n, longest), unpad, last, spans, cu)
 
 
 def _index_arrays(lengths: Tensor, longest: int) -> dict[str, Tensor]:
@@ -92,7 +91,7 @@ def _index_arrays(lengths: Tensor, longest: int) -> dict[str, Tensor]:
     cols = torch.arange(longest)[None, :]  # [1, L]
     pad_index = starts[:, None] + torch.minimum(cols, lengths[:, None] - 1)  # [S, L]
     return {
-        "starts": starts,
+        "cu_seqlens": torch.cat([starts, ends[-1:]]),
         "positions": positions,
         "pad_index": pad_index,
         "unpad_index": seq_of_token * longest + positions,
@@ -124,16 +123,20 @@ class BeamBuffers:
         self.prompt_kv = [torch.zeros(plan.max_requests * per_prompt, **f32) for _ in range(2)]
         self.suffix_kv = [[torch.zeros(plan.max_rows * per_row, **f32) for _ in range(2)]
                           for _ in range(2)]  # [ping|pong][k|v]
+        # the prompts' metadata, and each batch's choice of beams (two [R] index lists) after it
         self.pack = PackBuffers(plan.max_requests * plan.max_prompt, plan.max_requests,
-                                plan.max_prompt, device)
+                                plan.max_prompt, device, extra=2 * plan.max_requests)
         # the head: log-probabilities of every row (float32), and its GEMM's own output dtype
         self.logp = torch.zeros(plan.max_rows * cfg.vocab, **f32)
         self.logits = None if dtype == torch.float32 else \
             torch.zeros(plan.max_rows * cfg.vocab, dtype=dtype, device=device)
+        # a decode step's inputs (the static inputs of its CUDA graphs)
         i64 = dict(dtype=torch.int64, device=device)
         self.tokens = torch.zeros(plan.max_rows, **i64)
         self.positions = torch.zeros(plan.max_rows, **i64)
-        self.prompt_len = torch.zeros(plan.max_requests, **i64)
+        self.prompt_len = torch.ones(plan.max_requests, **i64)  # >= 1: a padding request stays finite
+        self.suffix_len = torch.zeros((), **i64)  # valid suffix slots of this step
+        self.rows = torch.zeros(plan.max_rows, **i64)  # the source row of each beam's suffix K/V
 
     def nbytes(self) -> int:
         flat = [*self.prompt_kv, *(t for pair in self.suffix_kv for t in pair), self.logp]

@@ -14,6 +14,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from engines import toolchain
+from engines.bounded.kernels.attention import attention_for
 from engines.bounded.model.decoder import DecoderModel, load_model
 from engines.bounded.model.precision import PrecisionPolicy
 from engines.bounded.model.weights import fingerprint
@@ -33,10 +35,14 @@ class CompiledRuntime:
     size the rotary tables (`max_positions`) and what to build once graphs exist (`serve`)."""
 
     def __init__(self, model_dir: Path, policy: PrecisionPolicy, device: str, compile_mode: str = "aot",
-                 log: Callable[[str], None] = print):
+                 log: Callable[[str], None] = print, attention: str = "auto"):
+        """`attention`: the packed prefill's attention (kernels/attention.ATTENTIONS), or
+        "auto": the device's best."""
         self.model_dir, self.policy, self.log = Path(model_dir), policy, log
         self.device, self.requested = torch.device(device), compile_mode
-        self.status: dict[str, Any] = {"compile": compile_mode, "compile_requested": compile_mode}
+        self.attention = attention_for(self.device) if attention == "auto" else attention
+        self.status: dict[str, Any] = {"compile": compile_mode, "compile_requested": compile_mode,
+                                       "prefill_attention": self.attention}
         self._model: Optional[DecoderModel] = None
         self._compiled: Optional[dict[str, Graph]] = None
 
@@ -67,14 +73,23 @@ class CompiledRuntime:
         return aot.CompileKey(name, fingerprint(self.model_dir), p.dtype, p.residual,
                               ",".join(f"{g}={k}" for g, k in sorted(p.gemm.items())),
                               aot.device_tag(self.device), torch.__version__, shapes,
-                              inductor=json.dumps(INDUCTOR_CONFIGS, sort_keys=True))
+                              inductor=json.dumps(INDUCTOR_CONFIGS, sort_keys=True), attention=self.attention)
 
     def compile(self) -> dict[str, Any]:
         """Load every package, compiling those the cache lacks. -> the status."""
+        exports = self.exports()
+        if any(not self.key(e.name, e.shapes).package_path().is_file() for e in exports):
+            missing = toolchain.missing(self.device.type)
+            if missing:  # say what is missing, not the compiler's first error
+                raise toolchain.ToolchainMissing(f"AOT toolchain for {self.device.type}: {'; '.join(missing)}")
         graphs, packages = {}, {}
-        for e in self.exports():
+        # a GPU package runs single-threaded: AOTInductor's own thread handling cannot run
+        # under CUDA graph capture ("operation not permitted when stream is capturing")
+        single = self.device.type == "cuda"
+        for e in exports:
             key = self.key(e.name, e.shapes)
-            loaded = aot.load_or_compile(key, e.build, e.example, e.dims, self.log, INDUCTOR_CONFIGS)
+            loaded = aot.load_or_compile(key, e.build, e.example, e.dims, self.log, INDUCTOR_CONFIGS,
+                                         single_threaded=single)
             graphs[e.name] = loaded.runner
             packages[e.name] = {"package": str(loaded.path), "compiled_now": loaded.compiled_now,
                                 "load_s": round(loaded.seconds, 2), "key": key.digest()}

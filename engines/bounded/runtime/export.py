@@ -31,26 +31,39 @@ class Export:
 
 
 def score_prefill(plan: PrefillPlan, build: Callable[[], nn.Module], device: torch.device) -> Export:
-    """programs.prefill.ScorePrefill(tokens, positions, cu_seqlens, last_index, label_ids)."""
+    """programs.prefill.ScorePrefill(tokens, positions, cu_seqlens, pad_index, unpad_index,
+    last_index, label_ids)."""
     n = max(2, min(plan.max_seqs, 15, plan.max_tokens // 2))
-    length = max(2, min(plan.max_len, 96, plan.max_tokens // n))
+    length = _apart(n, max(2, min(plan.max_len, 96, plan.max_tokens // n)))
     b = example_batch(n, length, device)
     example = (*(t.clone() for t in b.varlen_args()), torch.tensor([1, 2], device=device))
     t = Dim("tokens", min=1, max=max(2, plan.max_tokens))
     s = Dim("seqs", min=1, max=max(2, plan.max_seqs))
+    longest = Dim("longest", min=1, max=max(3, plan.max_len))
     labels = Dim("labels", min=1, max=max(2, plan.max_labels))
-    return Export("score_prefill", plan, build, example, ({0: t}, {0: t}, {0: s + 1}, {0: s}, {0: labels}))
+    return Export("score_prefill", plan, build, example,
+                  ({0: t}, {0: t}, {0: s + 1}, {0: s, 1: longest}, {0: t}, {0: s}, {0: labels}))
 
 
 def beam_prefill(plan: BeamPlan, build: Callable[[], nn.Module], device: torch.device) -> Export:
-    """programs.beam.BeamPrefill(tokens, positions, cu_seqlens, pad_index, last_index)."""
-    b = example_batch(max(2, min(plan.max_requests, 4)), max(3, min(plan.max_prompt, 96)), device)
-    example = tuple(t.clone() for t in (b.tokens, b.positions, b.cu_seqlens, b.pad_index, b.last_index))
+    """programs.beam.BeamPrefill(tokens, positions, cu_seqlens, pad_index, unpad_index,
+    last_index)."""
+    r = max(2, min(plan.max_requests, 4))
+    b = example_batch(r, _apart(r, max(3, min(plan.max_prompt, 96))), device)
+    example = tuple(t.clone() for t in b.varlen_args())
     t = Dim("tokens", min=1, max=max(2, plan.max_requests) * max(3, plan.max_prompt))
-    r = Dim("prompts", min=1, max=max(2, plan.max_requests))
+    prompts = Dim("prompts", min=1, max=max(2, plan.max_requests))
     longest = Dim("longest", min=1, max=max(3, plan.max_prompt))
     return Export("beam_prefill", plan.graph(0), build, example,
-                  ({0: t}, {0: t}, {0: r + 1}, {0: r, 1: longest}, {0: r}))
+                  ({0: t}, {0: t}, {0: prompts + 1}, {0: prompts, 1: longest}, {0: t}, {0: prompts}))
+
+
+def _apart(n: int, length: int) -> int:
+    """An example length other than the example's sequence count n (two dynamic dims with
+    equal example sizes would be unified)."""
+    if length != n:
+        return length
+    return length - 1 if length > 2 else length + 1
 
 
 def beam_step(plan: BeamPlan, width: int, cfg: ModelConfig, build: Callable[[], nn.Module],

@@ -1,7 +1,9 @@
 """The prefill_only runtime: the packing buffers and the score graph (AOT-compiled or eager).
 
 Everything sized here comes from the PrefillPlan (the declared bounds and the batch token
-budget) and is allocated at `start`; a call only fills a prefix of the buffers.
+budget) and is allocated at `start`; a call only fills a prefix of the buffers. A batch's
+metadata and label ids reach the device in the staging buffer's non-blocking copy; the
+only wait for the device is where the label logits are read.
 """
 from __future__ import annotations
 
@@ -23,8 +25,8 @@ PROGRAM = "score_prefill"  # the package name (runtime.export)
 
 class PrefillRuntime(CompiledRuntime):
     def __init__(self, model_dir: Path, policy: PrecisionPolicy, device: str, plan: PrefillPlan,
-                 compile_mode: str = "aot", log: Callable[[str], None] = print):
-        super().__init__(model_dir, policy, device, compile_mode, log)
+                 compile_mode: str = "aot", log: Callable[[str], None] = print, attention: str = "auto"):
+        super().__init__(model_dir, policy, device, compile_mode, log, attention)
         self.plan = plan
         self.buffers: Optional[PackBuffers] = None
         self._graph: Optional[Graph] = None
@@ -42,20 +44,21 @@ class PrefillRuntime(CompiledRuntime):
 
     def serve(self, graphs: dict[str, Graph], compiled: bool) -> None:
         p = self.plan
-        self.buffers = PackBuffers(p.max_tokens, p.max_seqs, p.max_len, self.device)
+        self.buffers = PackBuffers(p.max_tokens, p.max_seqs, p.max_len, self.device, extra=p.max_labels)
         self._graph = graphs[PROGRAM]
 
     def _program(self) -> ScorePrefill:
-        return ScorePrefill(self.model()).eval()
+        return ScorePrefill(self.model(), self.attention).eval()
 
     # --- serve --------------------------------------------------------------------------
 
-    def pack(self, seqs: Sequence[Sequence[int]]) -> PackedBatch:
-        return self.buffers.pack(seqs)
+    def pack(self, seqs: Sequence[Sequence[int]], label_ids: Sequence[int]) -> tuple[PackedBatch, Tensor]:
+        """-> the batch's metadata and its label ids [N], on the device."""
+        packed = self.buffers.pack(seqs)
+        return packed, self.buffers.staging.put(label_ids)
 
     def run(self, batch: PackedBatch, label_ids: Tensor) -> Tensor:
-        """-> label logits [S, N] float32 on the CPU."""
-        labels = label_ids.to(self.device)
+        """-> label logits [S, N] float32 on the CPU (the one wait for the device)."""
         with torch.inference_mode():
-            out = self._graph(*batch.varlen_args(), labels)
+            out = self._graph(*batch.varlen_args(), label_ids)
         return out.float().cpu()

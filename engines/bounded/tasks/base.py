@@ -6,13 +6,16 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any, Callable, Optional
 
+import torch
+
 from engines.base import Bounds, EngineConfig, EngineError, Request, RequestRejected, Result
 from engines.bounded.model.families import read_model_config
 from engines.bounded.model.precision import PrecisionPolicy
+from engines.bounded.options import BoundedOptions
 from engines.bounded.plan import Plan
 from engines.bounded.runtime.compiled import CompiledRuntime
 from engines.bounded.tasks.batcher import Usage
-from engines.bounded.tasks.dag import Dag
+from engines.bounded.tasks.dag import Clock, Dag, EventClock, HostClock
 from engines.validate import Limits, RequestChecker
 
 
@@ -29,7 +32,7 @@ class Task:
         self.vocab = 0
 
     @classmethod
-    def create(cls, config: EngineConfig, policy: PrecisionPolicy, plan: Plan, compile_mode: str,
+    def create(cls, config: EngineConfig, policy: PrecisionPolicy, plan: Plan, options: BoundedOptions,
                log: Callable[[str], None]) -> "Task":
         """The task with its runtime, for an engine's config (nothing is loaded yet)."""
         raise NotImplementedError
@@ -62,8 +65,14 @@ class Task:
             raise RequestRejected(f"request {request.id}: {type(e).__name__}: {e}") from e
 
     def run(self, items: list[Any], stages: dict[str, float]) -> list[Result]:
-        """The batch scope: one merged execution of the prepared requests."""
-        return self.dag.run("batch", {"items": items}, stages)["format"]
+        """The batch scope: one merged execution of the prepared requests (stage times on the
+        device's clock)."""
+        return self.dag.run("batch", {"items": items}, stages, self.clock())["format"]
+
+    def clock(self) -> Clock:
+        if self.runtime.device.type == "cuda":
+            return EventClock(lambda: torch.cuda.Event(enable_timing=True))
+        return HostClock()
 
     def describe(self) -> dict[str, Any]:
         return {"status": dict(self.runtime.status), "plan": asdict(self.plan),

@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional
 from engines.base import BEAM_SEARCH, Beam, BeamRequest, BeamResult, Bounds, EngineConfig, RequestRejected
 from engines.bounded.kernels.constraints import ItemCodeError, TrieCache
 from engines.bounded.model.precision import PrecisionPolicy
+from engines.bounded.options import BoundedOptions
 from engines.bounded.plan import BeamPlan, Plan
 from engines.bounded.runtime.beam import BeamBatch, BeamJob, BeamRuntime
 from engines.bounded.tasks.base import Task
@@ -52,10 +53,10 @@ class BeamTask(Task):
         self.tries: Optional[TrieCache] = None
 
     @classmethod
-    def create(cls, config: EngineConfig, policy: PrecisionPolicy, plan: Plan, compile_mode: str,
+    def create(cls, config: EngineConfig, policy: PrecisionPolicy, plan: Plan, options: BoundedOptions,
                log: Callable[[str], None]) -> "BeamTask":
         runtime = BeamRuntime(config.model_dir, policy, config.device, plan.beam, eos_ids(config.model_dir),
-                              compile_mode, log)
+                              options.compile, log, options.prefill_attention, options.cuda_graphs)
         return cls(runtime, config.bounds, plan.beam)
 
     def start(self, tokenizer: Any) -> None:

@@ -4,14 +4,16 @@ The graph is fixed when a task is built; its topological order is computed once.
 a function of the outputs of the nodes it `needs` (or of the scope's inputs), passed in
 that order; its own output is known by its name. Nodes have a scope: "request" nodes run
 once per business request before batching, "batch" nodes once per merged batch. `run`
-walks the precomputed order of one scope and records each node's time in milliseconds.
+walks the precomputed order of one scope and records each node's time in milliseconds on
+a clock: the host's (`HostClock`), or a device's (`EventClock`: an event recorded after
+each node on the device's stream, read once at the end, when the result has been read
+anyway -- so a GPU's time lands in the node that queued the work, and timing adds no wait).
 """
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Optional, Protocol
 
 SCOPES = ("request", "batch")
 
@@ -28,14 +30,52 @@ class DagError(ValueError):
     pass
 
 
-@contextmanager
-def timed(stages: dict[str, float], name: str) -> Iterator[None]:
-    """Record the block's wall time in milliseconds as `stages[name]`."""
-    t0 = time.perf_counter()
-    try:
-        yield
-    finally:
-        stages[name] = (time.perf_counter() - t0) * 1000.0
+class HostClock:
+    """Stage times on the host: each node's wall time."""
+
+    def __init__(self) -> None:
+        self._last = time.perf_counter()
+
+    def lap(self, stages: dict[str, float], name: str) -> None:
+        now = time.perf_counter()
+        stages[name], self._last = (now - self._last) * 1000.0, now
+
+    def finish(self, stages: dict[str, float]) -> None:
+        pass
+
+
+class Event(Protocol):
+    def record(self) -> None: ...
+
+    def synchronize(self) -> None: ...
+
+    def elapsed_time(self, end: "Event") -> float: ...  # milliseconds
+
+
+class EventClock:
+    """Stage times on a device's clock: `make_event()` (e.g. a timing torch.cuda.Event)
+    recorded after each node; node i's time is the device time between the events before
+    and after it, which is the longer of the host's and the device's time for it."""
+
+    def __init__(self, make_event: Callable[[], Event]):
+        self.make_event = make_event
+        self._marks: list[tuple[str, Event]] = [("", self._record())]
+
+    def _record(self) -> Event:
+        event = self.make_event()
+        event.record()
+        return event
+
+    def lap(self, stages: dict[str, float], name: str) -> None:
+        self._marks.append((name, self._record()))
+
+    def finish(self, stages: dict[str, float]) -> None:
+        self._marks[-1][1].synchronize()
+        for (_, start), (name, end) in zip(self._marks, self._marks[1:]):
+            stages[name] = start.elapsed_time(end)
+
+
+Clock = HostClock | EventClock
 
 
 class Dag:
@@ -68,9 +108,13 @@ class Dag:
     def names(self, scope: str) -> list[str]:
         return [n.name for n in self.order[scope]]
 
-    def run(self, scope: str, values: dict[str, Any], stages: dict[str, float]) -> dict[str, Any]:
-        """values: the scope's inputs by name -> also every node's output by node name."""
+    def run(self, scope: str, values: dict[str, Any], stages: dict[str, float],
+            clock: Optional[Clock] = None) -> dict[str, Any]:
+        """values: the scope's inputs by name -> also every node's output by node name; each
+        node's time into `stages` (clock: the host's by default)."""
+        clock = HostClock() if clock is None else clock
         for node in self.order[scope]:
-            with timed(stages, node.name):
-                values[node.name] = node.fn(*(values[n] for n in node.needs))
+            values[node.name] = node.fn(*(values[n] for n in node.needs))
+            clock.lap(stages, node.name)
+        clock.finish(stages)
         return values

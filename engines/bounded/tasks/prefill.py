@@ -15,6 +15,7 @@ from torch import Tensor
 
 from engines.base import PREFILL_ONLY, Bounds, EngineConfig, PrefillRequest, PrefillResult, RequestRejected
 from engines.bounded.model.precision import PrecisionPolicy
+from engines.bounded.options import BoundedOptions
 from engines.bounded.plan import Plan, PrefillPlan
 from engines.bounded.runtime.buffers import PackedBatch
 from engines.bounded.runtime.prefill import PrefillRuntime
@@ -38,7 +39,7 @@ class ScoreBatch:
     """Several requests packed into one call."""
 
     packed: PackedBatch
-    label_union: Tensor  # [N] the distinct label ids of all requests
+    label_union: Tensor  # [N] the distinct label ids of all requests, on the device
     rows: list[tuple[int, int]]  # per request: its sequences' [start, end) in the batch
     cols: list[Tensor]  # per request: its labels' columns of label_union
 
@@ -75,9 +76,10 @@ class PrefillTask(Task):
         ], inputs={"request": ("request",), "batch": ("items",)}))
 
     @classmethod
-    def create(cls, config: EngineConfig, policy: PrecisionPolicy, plan: Plan, compile_mode: str,
+    def create(cls, config: EngineConfig, policy: PrecisionPolicy, plan: Plan, options: BoundedOptions,
                log: Callable[[str], None]) -> "PrefillTask":
-        runtime = PrefillRuntime(config.model_dir, policy, config.device, plan.prefill, compile_mode, log)
+        runtime = PrefillRuntime(config.model_dir, policy, config.device, plan.prefill, options.compile, log,
+                                 options.prefill_attention)
         return cls(runtime, config.bounds, plan.prefill)
 
     def usage(self) -> PrefillUsage:
@@ -116,8 +118,8 @@ class PrefillTask(Task):
         for it in items:
             rows.append((len(seqs), len(seqs) + len(it.seqs)))
             seqs.extend(it.seqs)
-        return ScoreBatch(self.runtime.pack(seqs), torch.tensor(union, dtype=torch.int64), rows,
-                          [torch.tensor([col[t] for t in it.label_ids]) for it in items])
+        packed, labels = self.runtime.pack(seqs, union)
+        return ScoreBatch(packed, labels, rows, [torch.tensor([col[t] for t in it.label_ids]) for it in items])
 
     def prefill(self, batch: ScoreBatch) -> Tensor:
         return self.runtime.run(batch.packed, batch.label_union)  # [S, N_union]

@@ -12,6 +12,9 @@ def test_defaults_and_conversions():
     o = BoundedOptions.parse({"max_batch_tokens": "4096", "max_wait_ms": "0.5", "fp8": "down", "compile": "eager"})
     assert (o.max_batch_tokens, o.max_wait_ms, o.fp8, o.compile) == (4096, 0.5, ("down",), "eager")
     assert BoundedOptions.parse({"fp8": ["qkv", "o"]}).fp8 == ("qkv", "o")
+    assert BoundedOptions.parse({"cuda_graphs": "off"}).cuda_graphs is False  # --option cuda_graphs=off
+    assert BoundedOptions.parse({"cuda_graphs": False, "prefill_attention": "padded"}) == \
+        BoundedOptions(cuda_graphs=False, prefill_attention="padded")
 
 
 def test_unknown_option_lists_the_known_ones():
@@ -20,7 +23,7 @@ def test_unknown_option_lists_the_known_ones():
     msg = str(e.value)
     assert "unknown bounded-engine option(s) compiel, max_batch" in msg
     assert "known options: compile, max_wait_ms, max_batch_tokens, max_batch_seqs, max_labels, " \
-           "max_batch_beams, residual, fp8" in msg
+           "max_batch_beams, residual, fp8, prefill_attention, cuda_graphs" in msg
 
 
 @pytest.mark.parametrize("options,says", [
@@ -30,6 +33,8 @@ def test_unknown_option_lists_the_known_ones():
     ({"max_labels": 0}, "max_labels >= 1"),
     ({"max_wait_ms": -1}, "must be >= 0"),
     ({"max_batch_tokens": "lots"}, "invalid literal"),
+    ({"prefill_attention": "flash"}, "prefill_attention='flash'; choose one of auto, per_sequence, padded"),
+    ({"cuda_graphs": "maybe"}, "'maybe' is not a yes/no value"),
 ])
 def test_bad_values_say_what_is_allowed(options, says):
     with pytest.raises(OptionError, match=says.replace("[", r"\[").replace("]", r"\]")):

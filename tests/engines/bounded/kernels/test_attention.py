@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -35,10 +36,13 @@ def test_packed_attention_kernels_agree():
     padded = kernels.packed_attention_padded(q, k, v, b.pad_index, b.unpad_index)
     loop = packed_attention_loop(q, k, v, list(b.spans))
     varlen = kernels.varlen_attention(q, k, v, b.cu_seqlens)
-    gpu_path = kernels.varlen_attention_padded(q, k, v, b.cu_seqlens)  # run here on CPU tensors
+    for kind in kernels.ATTENTIONS:  # what the programs call, by kind (padded: the GPU's)
+        attend = kernels.packed_attention(kind, b.cu_seqlens, b.pad_index, b.unpad_index)
+        assert torch.allclose(attend(q, k, v), loop, atol=1e-5), kind
     assert torch.allclose(padded, loop, atol=1e-5)
     assert torch.allclose(varlen, loop, atol=1e-5)
-    assert torch.allclose(gpu_path, loop, atol=1e-5)
+    with pytest.raises(ValueError, match="choose one of per_sequence, padded"):
+        kernels.packed_attention("flash", b.cu_seqlens, b.pad_index, b.unpad_index)
     # each sequence alone: attention never crosses a sequence boundary
     s, e = b.spans[2]
     alone = packed_attention_loop(q[s:e], k[s:e], v[s:e], [(0, e - s)])

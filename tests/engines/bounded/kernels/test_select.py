@@ -1,5 +1,6 @@
-"""Choosing the next beams: the two-stage top-k against a full sort, and the per-request
-widths and tries of `next_beams` against a plain per-request reference."""
+"""Choosing the next beams: the two-stage top-k against a full sort, the per-request widths
+and tries of `next_beams` against a plain per-request reference, and the fixed shapes the
+choice runs at (no size taken from device data)."""
 from __future__ import annotations
 
 import math
@@ -33,7 +34,9 @@ def test_next_beams_keep_each_requests_width_and_trie():
     first = trie.continuations(torch.tensor([ROOT]))  # the nodes after tokens 7, 9, 11
     nodes = torch.zeros(r, w_in, dtype=torch.int64)
     nodes[1] = torch.tensor([ROOT, *first.node[:3].tolist()])
-    scores, parents, tokens, new_nodes = select.next_beams(logp, cum, nodes, w, [None, trie, None], [4, 5, 5])
+    choice = select.prepare_choice([None, trie, None], [4, 5, 5], w, _to_device)
+    assert choice.free.tolist() == [0, 2] and choice.past_width[0].tolist() == [False] * 4 + [True]
+    scores, parents, tokens, new_nodes = select.next_beams(logp, cum, nodes, choice)
     for i, width in ((0, 4), (2, 5)):  # free: the best `width` of all w_in * V continuations
         want, flat = torch.topk((cum[i, :, None] + logp[i]).flatten(), width)
         assert torch.equal(scores[i, :width], want)
@@ -52,3 +55,25 @@ def test_next_beams_keep_each_requests_width_and_trie():
 
 def _children(trie, node: int) -> list[int]:
     return trie.continuations(torch.tensor([node])).token.tolist()
+
+
+def _to_device(values):  # the runtime's staging, on a CPU
+    return torch.tensor(values, dtype=torch.int64)
+
+
+def test_constrained_choice_has_fixed_shapes():
+    """The grid of each beam's children is as wide as the widest node at that depth, whatever
+    the beams' nodes are, and the choice returns min(w, beams x that width) rows: no shape
+    depends on device values (so nothing syncs with the host and a graph could hold it)."""
+    trie = build_trie([(1, 5), (1, 6), (1, 7), (2, 5), (3, 8)], 10)  # depth 1: children 3, 1, 1
+    assert trie.level_children == (3, 3, 0)
+    first = trie.continuations(torch.tensor([ROOT])).node  # the nodes after 1, 2, 3
+    grid = trie.children(first[[2, 1]], depth=1)  # two beams on one-child nodes
+    assert grid.token.shape == (2, 3) and grid.valid.tolist() == [[True, False, False]] * 2
+    assert grid.token[:, 0].tolist() == [8, 5]
+    logp = torch.log_softmax(torch.randn(2, 10), -1)
+    cum = torch.tensor([-1.0, -math.inf])  # the second beam is dead
+    scores, parents, tokens, _ = select.constrained_continuations(trie, logp, cum, first[[2, 1]], 4, depth=1)
+    assert scores.shape == (4,)  # min(4, 2 x 3), whatever is alive
+    assert scores[0] == cum[0] + logp[0, 8] and (parents[0], tokens[0]) == (0, 8)
+    assert torch.isinf(scores[1:]).all()

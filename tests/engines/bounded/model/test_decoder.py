@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 
+from engines.bounded.kernels.attention import ATTENTIONS
 from engines.bounded.model.decoder import load_model
 from engines.bounded.model.precision import PrecisionPolicy
 from engines.bounded.programs.prefill import ScorePrefill
@@ -14,17 +16,18 @@ from engines.bounded.runtime.buffers import pack
 from ..conftest import random_seqs, reference
 
 
-def _scores(model_dir, dtype, seqs, labels):
-    prog = ScorePrefill(load_model(model_dir, PrecisionPolicy(dtype)))
+def _scores(model_dir, dtype, seqs, labels, attention="per_sequence"):
+    prog = ScorePrefill(load_model(model_dir, PrecisionPolicy(dtype)), attention)
     with torch.no_grad():
         return torch.softmax(prog(*pack(seqs).varlen_args(), torch.tensor(labels)), -1)
 
 
-def test_float32_matches_transformers(preset_dir):
+@pytest.mark.parametrize("attention", ATTENTIONS)  # padded: the GPU's attention, run here
+def test_float32_matches_transformers(preset_dir, attention):
     rng = random.Random(0)
     seqs = random_seqs(rng, 16)
     labels = [rng.randrange(151936) for _ in range(3)]
-    got = _scores(preset_dir, "float32", seqs, labels)
+    got = _scores(preset_dir, "float32", seqs, labels, attention)
     want = reference(preset_dir).scores(seqs, labels)
     assert (got - want).abs().max().item() < 1e-4
     assert torch.allclose(got.sum(-1), torch.ones(len(seqs)), atol=1e-5)

@@ -1,5 +1,5 @@
-"""Packing into the planned buffers, against hand-computed indices; batches outside the
-plan refused; the export example's sizes."""
+"""Packing into the planned staging buffer, against hand-computed indices; batches outside
+the plan refused; the export example's sizes."""
 from __future__ import annotations
 
 import pytest
@@ -17,18 +17,22 @@ def test_pack_lays_out_tokens_and_indices():
     assert b.pad_index.tolist() == [[0, 1, 2], [3, 3, 3], [4, 5, 5]]  # past the end: the last row
     assert b.unpad_index.tolist() == [0, 1, 2, 3, 6, 7]  # rows of the flattened [3 x 3] view
     assert (b.num_tokens, b.num_seqs) == (6, 3)
-    assert b.cu_seqlens.device.type == "cpu"  # read on the host by the attention op
-    tokens, positions, cu, last = b.varlen_args()
-    assert tokens is b.tokens and cu is b.cu_seqlens and last is b.last_index
+    assert b.cu_seqlens.device.type == "cpu"  # on a CPU: read on the host by the attention op
+    tokens, positions, cu, pad, unpad, last = b.varlen_args()
+    assert tokens is b.tokens and cu is b.cu_seqlens and pad is b.pad_index and last is b.last_index
+    assert unpad is b.unpad_index and positions is b.positions
 
 
-def test_batches_fill_prefixes_of_the_same_buffers():
-    bufs = PackBuffers(max_tokens=10, max_seqs=3, max_len=6, device=torch.device("cpu"))
+def test_batches_fill_the_same_staging_buffer():
+    bufs = PackBuffers(max_tokens=10, max_seqs=3, max_len=6, device=torch.device("cpu"), extra=2)
     first = bufs.pack([[1, 2, 3, 4], [5]])
     second = bufs.pack([[7], [8, 9], [1, 2, 3, 4]])
-    for a, b in ((first.tokens, second.tokens), (first.positions, second.positions),
-                 (first.pad_index, second.pad_index), (first.cu_seqlens, second.cu_seqlens)):
-        assert a.data_ptr() == b.data_ptr()  # views of the planned buffers, nothing new
+    labels = bufs.staging.put([11, 22])  # the caller's own ints ride along
+    planned = bufs.staging.device_buffer
+    for view in (*second.varlen_args(), labels):
+        assert view.untyped_storage().data_ptr() == planned.untyped_storage().data_ptr()  # nothing new
+        assert (view.data_ptr() - planned.data_ptr()) % 128 == 0  # every view starts aligned
+    assert first.tokens.data_ptr() == second.tokens.data_ptr() and labels.tolist() == [11, 22]
     assert second.tokens.tolist() == [7, 8, 9, 1, 2, 3, 4] and second.positions.tolist() == [0, 0, 1, 0, 1, 2, 3]
     assert second.pad_index.tolist() == [[0, 0, 0, 0], [1, 2, 2, 2], [3, 4, 5, 6]]
 

@@ -60,6 +60,7 @@ def test_compile_once_then_load_and_recompile_on_key_change(engine_factory, cach
     first = engine_factory()
     status, d = _status(first), _package(first)
     assert status["compile"] == "aot" and d["compiled_now"] is True
+    assert (first.describe()["mode"], first.describe()["fallback"]) == ("aot", None)
     assert str(cache) in d["package"]
     reqs = _requests()
     got = asyncio.run(_gather(first, reqs))
@@ -107,6 +108,8 @@ def test_compile_failure_falls_back_to_eager(engine_factory, monkeypatch):
     e = engine_factory(max_labels=7)  # a key not in the cache, so compilation is attempted
     d = _status(e)
     assert d["compile"] == "eager" and "no C++ compiler here" in d["fallback_reason"]
+    described = e.describe()  # what the summary table shows
+    assert described["mode"] == "eager (AOT failed)" and "no C++ compiler here" in described["fallback"]
     res = asyncio.run(e.submit(_requests(1)[0]))
     assert len(res.scores) == len(_requests(1)[0].samples)
 
