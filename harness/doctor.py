@@ -41,8 +41,19 @@ def report(measure: bool = False) -> Iterator[tuple[str, str]]:
     else:
         yield "cpu peak", "not measured yet (bench doctor --measure, or the first bench run)"
     yield "cache", str(cache_root())
+    for device in ("cpu", *(["cuda"] if torch.cuda.is_available() else [])):
+        yield from toolchain_lines(device)
     for name in ENGINES:
         yield f"engine {name}", _engine_status(name)
+
+
+def toolchain_lines(device: str) -> Iterator[tuple[str, str]]:
+    """What AOTInductor needs to compile packages for `device`, each found or missing (and how
+    to provide it); without them the bounded engine serves eagerly and says why."""
+    from engines import toolchain
+
+    for c in toolchain.check(device):
+        yield f"aot {device} {c.name}", ("ok: " if c.ok else "MISSING: ") + c.detail
 
 
 def _engine_status(name: str) -> str:

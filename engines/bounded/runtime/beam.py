@@ -166,13 +166,15 @@ class BeamRuntime(CompiledRuntime):
         return cls(self.model(), self.attention).eval()
 
     def step_graph(self, width: int) -> tuple[Graph, int]:
-        """The decode-step graph for requests of up to `width` beams, and its row width."""
-        if self._steps is None:
+        """The decode-step graph for requests of up to `width` beams, and its row width: the
+        smallest width bucket >= width (compiled or captured graphs have fixed widths), or
+        eagerly and uncaptured the batch's own width."""
+        if self._steps is None and self.graphs is None:
             return self._eager_step, width
-        for bucket, graph in self._steps.items():
+        for bucket in sorted(set(self.plan.widths)):
             if width <= bucket:
-                return graph, bucket
-        raise ValueError(f"width {width} exceeds the compiled buckets {list(self._steps)}")
+                return (self._eager_step if self._steps is None else self._steps[bucket]), bucket
+        raise ValueError(f"width {width} exceeds the width buckets {sorted(set(self.plan.widths))}")
 
     # --- the walk: prefill, then step 1..S, then outputs -----------------------------------
 

@@ -37,7 +37,8 @@ class Staging:
     def begin(self) -> None:
         """Start a batch: the host buffer is free again once the last copy out of it is done."""
         if self._copied is not None:
-            self._copied.synchronize()
+            if not self._copied.query():  # (query does not wait; the copy is almost always done)
+                self._copied.synchronize()
             self._copied = None
         self._used = self._sent = 0
 

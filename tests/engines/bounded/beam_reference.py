@@ -24,10 +24,11 @@ class Walker:
     """The beam task of one model, dtype and plan, started eagerly; `run(jobs)` is its batch
     scope (prefill, step 1..S, format), the beams as BeamOutput."""
 
-    def __init__(self, model_dir, dtype: str, plan: BeamPlan, compile_mode: str = "eager", **runtime_options):
+    def __init__(self, model_dir, dtype: str, plan: BeamPlan, compile_mode: str = "eager", device: str = "cpu",
+                 **runtime_options):
         from harness.workload import load_tokenizer
 
-        runtime = BeamRuntime(model_dir, PrecisionPolicy(dtype), "cpu", plan, eos_ids(model_dir), compile_mode,
+        runtime = BeamRuntime(model_dir, PrecisionPolicy(dtype), device, plan, eos_ids(model_dir), compile_mode,
                               lambda s: None, **runtime_options)
         self.runtime = runtime
         bounds = Bounds(1, plan.max_prompt, plan.max_width, plan.max_steps)
@@ -41,11 +42,11 @@ class Walker:
 
 
 def runner(model_dir, dtype: str = "float32", plan: BeamPlan = BeamPlan(4, 400, 5, 512),
-           compile_mode: str = "eager", **runtime_options) -> Walker:
-    """The started walk of a model, dtype, plan and BeamRuntime options (cached)."""
-    key = (str(model_dir), dtype, plan, compile_mode, tuple(sorted(runtime_options.items())))
+           compile_mode: str = "eager", device: str = "cpu", **runtime_options) -> Walker:
+    """The started walk of a model, dtype, plan, device and BeamRuntime options (cached)."""
+    key = (str(model_dir), dtype, plan, compile_mode, device, tuple(sorted(runtime_options.items())))
     if key not in _tasks:
-        _tasks[key] = Walker(model_dir, dtype, plan, compile_mode, **runtime_options)
+        _tasks[key] = Walker(model_dir, dtype, plan, compile_mode, device, **runtime_options)
     return _tasks[key]
 
 

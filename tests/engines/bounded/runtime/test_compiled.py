@@ -100,6 +100,28 @@ def _extern_calls(package: str) -> set[str]:
     return set(re.findall(r"aoti_torch_cpu_\w+", src))
 
 
+def _package_text(package: str) -> str:
+    """The generated sources and graph files of an AOTInductor package."""
+    import zipfile
+
+    with zipfile.ZipFile(package) as z:
+        return "".join(z.read(n).decode(errors="ignore") for n in z.namelist() if n.endswith((".cpp", ".json")))
+
+
+def test_padded_attention_compiles_into_the_package(engine_factory):
+    """The GPU's prefill attention, compiled here: plain ops over the batch's device indices,
+    no host-side custom op in the package (the CPU's per-sequence package calls one)."""
+    padded = engine_factory(prefill_attention="padded")
+    status = _status(padded)
+    assert (status["compile"], status["prefill_attention"]) == ("aot", "padded")
+    assert "bounded::varlen_attention" not in _package_text(_package(padded)["package"])
+    assert "bounded::varlen_attention" in _package_text(_package(engine_factory())["package"])
+    reqs = _requests()
+    ref = reference(padded.config.model_dir)
+    for r, res in zip(reqs, asyncio.run(_gather(padded, reqs))):
+        assert (torch.tensor(res.scores) - ref.scores(r.samples, r.labels)).abs().max().item() < 1e-4
+
+
 def test_compile_failure_falls_back_to_eager(engine_factory, monkeypatch):
     def broken(*a, **k):
         raise RuntimeError("no C++ compiler here")

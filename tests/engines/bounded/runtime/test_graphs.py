@@ -69,12 +69,13 @@ def test_every_step_shape_is_captured_at_start(walker, backend):
     assert batch.prompt_len.tolist() == [3, 1, 2, 1]
 
 
-@pytest.mark.parametrize("widths,steps", [((24,), 4), ((5, 24), 3), ((1, 9, 24), 4)])
+@pytest.mark.parametrize("widths,steps", [((24,), 4), ((5, 24), 3), ((1, 9, 24), 4), ((3, 9), 4)])
 def test_replayed_steps_match_generate(tiny_dir, walker, backend, widths, steps):
     rng = random.Random(len(widths) * 10 + steps)
     prompts = [_prompt(rng.randrange(1000), rng.randint(1, 40)) for _ in widths]
     replays = sum(c.replays for c in backend.captured)
-    got = walker.run([BeamJob(p, w, steps) for p, w in zip(prompts, widths)])  # 3 requests: bucket 4
+    # narrower than the bucket: replayed at width 24; three requests: at the bucket of four
+    got = walker.run([BeamJob(p, w, steps) for p, w in zip(prompts, widths)])
     assert sum(c.replays for c in backend.captured) == replays + steps - 1  # every decode pass replays
     for out, p, w in zip(got, prompts, widths):
         assert_same_beams(out, hf_beams(tiny_dir, p, w, steps))
@@ -104,3 +105,16 @@ def test_graph_set_replays_by_key():
     graphs.capture(("a", 1), call)
     assert ("a", 1) in graphs and ("a", 2) not in graphs and n == [1]
     assert graphs.replay(("a", 1)) == () and n == [2]
+
+
+def test_gpu_configuration_compiled_here_matches_generate(tiny_dir, tmp_path, monkeypatch):
+    """What a GPU serves -- AOT packages, the padded prefill attention, captured steps at the
+    plan's prompt bound -- compiled and replayed on the CPU."""
+    monkeypatch.setenv("BOUNDED_BENCH_CACHE", str(tmp_path))
+    plan = BeamPlan(max_requests=2, max_width=12, max_steps=3, max_prompt=32)
+    walker = runner(tiny_dir, plan=plan, compile_mode="aot", attention="padded", graph_backend=ReplayByCall())
+    status = walker.runtime.status
+    assert (status["compile"], status["prefill_attention"], status["cuda_graphs"]["captured"]) == ("aot", "padded", 4)
+    prompts = [_prompt(31, 32), _prompt(32, 3)]
+    for out, p, w in zip(walker.run([BeamJob(prompts[0], 12, 3), BeamJob(prompts[1], 5, 3)]), prompts, (12, 5)):
+        assert_same_beams(out, hf_beams(tiny_dir, p, w, 3))
