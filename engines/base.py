@@ -170,6 +170,11 @@ class Engine(abc.ABC):
     def stop(self) -> None:
         pass
 
+    def resize(self, bounds: Bounds) -> bool:
+        """Take new bounds without a restart, if nothing was planned from them at start (the
+        engine only checks requests against them) -> whether it did. Default: it cannot."""
+        return False
+
     def describe(self) -> dict[str, Any]:
         return {
             "name": self.name,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from engines.base import (Beam, BeamRequest, BeamResult, Engine, EngineUnavailable, PrefillRequest,
@@ -40,6 +41,12 @@ class HFEngine(Engine):
         self.checker = RequestChecker(Limits.for_model(path, self.config.bounds), self.tokenizer)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="hf")  # one model call at a time
+
+    def resize(self, bounds) -> bool:
+        """Bounds only check requests here (the model is loaded whatever they are)."""
+        self.config = replace(self.config, bounds=bounds)
+        self.checker = RequestChecker(Limits.for_model(str(self.config.model_dir), bounds), self.tokenizer)
+        return True
 
     def stop(self) -> None:
         if hasattr(self, "_pool"):

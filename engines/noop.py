@@ -2,6 +2,8 @@
 Requests get the shared check without a tokenizer (text is not tokenized here)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from engines.base import Beam, BeamRequest, BeamResult, Engine, PrefillResult, Request, Result
 from engines.validate import Limits, RequestChecker
 
@@ -17,6 +19,11 @@ class NoopEngine(Engine):
 
     def start(self) -> None:
         pass
+
+    def resize(self, bounds) -> bool:
+        self.config = replace(self.config, bounds=bounds)
+        self.checker = RequestChecker(Limits.for_model(self.config.model_dir, bounds))
+        return True
 
     def describe(self) -> dict:
         return {**super().describe(), "version": "1"}

@@ -76,14 +76,24 @@ def run(
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Run folder (default reports/<run-id>/)."),
     find_max_qps: bool = typer.Option(False, "--find-max-qps", help="Also search each engine's highest Poisson rate meeting the scenario's SLO."),
     baseline: Optional[str] = typer.Option(None, help="Engine the report compares the others to (default: the first)."),
+    sweep: Optional[List[str]] = typer.Option(None, "--sweep", help="Sweep a parameter: NAME=V1,V2,... e.g. beam_width=25,100,400 (replaces the scenario's values; repeatable)."),
 ) -> None:
-    """Run SCENARIO against its engines; write results.csv, requests.csv, run.json, outputs.jsonl, report.html."""
+    """Run SCENARIO against its engines; write results.csv, requests.csv, run.json, outputs.jsonl, report.html.
+
+    Exit code: 0 when every engine started and measured; 3 when one was skipped, failed to
+    start, died and was cut short, or measured nothing (a failed sweep cell is a row, not an
+    exit code); 2 for bad input; 130 when interrupted."""
     from harness.report import write_all
     from harness.runner import Overrides, run_scenario, shortfalls
+    from harness.sweep import parse_sweep_option
 
+    try:
+        swept = parse_sweep_option(sweep or []) or None
+    except ValueError as e:
+        _fail(str(e))
     ov = Overrides(engines=engine or [], requests=requests, duration_s=duration, device=device,
                    peak_tflops=peak_tflops, concurrency=concurrency or None, rate=rate or None,
-                   find_max_qps=find_max_qps)
+                   find_max_qps=find_max_qps, sweep=swept)
     sc = _scenario(scenario, engines=ov.engines or None, device=device, overrides=ov)
     run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{sc.name}"
     folder = out_dir or Path("reports") / run_id
@@ -114,29 +124,45 @@ def run(
         raise typer.Exit(EXIT_SHORT)
 
 
+def _num(v: float, spec: str) -> str:
+    return "-" if v != v else format(v, spec)
+
+
 def _print_summary(result) -> None:
+    from harness.scenario import BeamTask
+
+    beam = isinstance(result.scenario.task, BeamTask)
+    codes = any(p.metrics.valid_code_rate == p.metrics.valid_code_rate for er in result.engines for p in er.points)
     t = Table(title=f"{result.scenario.name} on {result.device} (peak {result.peak_tflops:.3g} TFLOP/s)")
-    for col in ("engine", "mode", "load", "ok/req", "mean ms", "p50 ms", "p99 ms", "req/s", "samples/s", "MFU"):
+    cols = ["engine", "mode"] + (["cell"] if result.swept else []) + ["load", "ok/req", "mean ms", "p99 ms", "req/s",
+                                                                       "beams/s" if beam else "items/s", "MFU"]
+    for col in cols + (["valid codes", "recall"] if codes else []) + ["status"]:
         t.add_column(col, justify="right")
     for er in result.engines:
         mode = er.describe.get("mode") or ""  # how the engine serves, e.g. "eager (AOT failed)"
-        if er.skipped or (er.failed and not er.points):
-            t.add_row(er.name, mode, "-", "-", "-", "-", "-", "-", "-", "skipped" if er.skipped else "failed")
-        for _, m in er.points:
-            p99 = f"{m.p99_ms:.1f}" + ("*" if m.p99_estimate else "")
-            t.add_row(er.name, mode, f"{m.load_mode} {m.load_value:g}", f"{m.ok}/{m.requests}", f"{m.mean_ms:.1f}",
-                      f"{m.p50_ms:.1f}", p99, f"{m.qps:.2f}", f"{m.samples_per_s:.1f}", "-" if m.mfu != m.mfu else f"{m.mfu:.1%}")
+        if er.skipped:
+            t.add_row(er.name, mode, *["-"] * (len(t.columns) - 3), "skipped")
+        for p in er.points:
+            m = p.metrics
+            cell = [p.cell.label] if result.swept else []
+            p99 = _num(m.p99_ms, ".1f") + ("*" if m.p99_estimate and m.ok else "")
+            extra = [_num(m.valid_code_rate, ".1%"), _num(p.recall, ".1%")] if codes else []
+            t.add_row(er.name, mode, *cell, f"{m.load_mode} {m.load_value:g}", f"{m.ok}/{m.requests}",
+                      _num(m.mean_ms, ".1f"), p99, _num(m.qps, ".3g"),
+                      _num(m.beams_per_s if beam else m.items_per_s, ".4g"), _num(m.mfu, ".1%"), *extra,
+                      p.status if p.status == "ok" else "[red]failed[/red]")
     out.print(t)
-    if any(m.p99_estimate for er in result.engines for _, m in er.points):
+    if any(p.metrics.p99_estimate and p.metrics.ok for er in result.engines for p in er.points):
         out.print("* P99 on fewer than 459 requests: an estimate", style="dim")
     for er in result.engines:
         if er.describe.get("fallback"):
             out.print(f"[yellow]{escape(er.name)} does not serve as asked:[/yellow] {escape(er.describe['fallback'])}",
                       highlight=False)
     for er in result.engines:
-        if er.search:
-            out.print(f"{er.name}: max rate under the SLO {er.search.max_rate:.4g} req/s "
-                      f"(goodput {er.search.goodput_qps:.4g} req/s, {len(er.search.probes)} probes)")
+        for cell, search in er.searches:
+            where = f" ({cell.label})" if cell.label else ""
+            out.print(f"{er.name}{where}: max rate under the SLO {search.max_rate:.4g} req/s "
+                      f"(goodput {search.goodput_qps:.4g} req/s, {len(search.probes)} probes)")
 
 
 @app.command()
@@ -394,12 +420,22 @@ def compile(
     from harness.presets import resolve_model
     from harness.runner import engine_config
     from harness.scenario import EngineSpec
+    from harness.sweep import plan_cells
 
     sc = _scenario(scenario, engines=["bounded"], device=device)
     spec = next((e for e in sc.engines if e.name == "bounded"), EngineSpec(name="bounded"))
-    model_dir = resolve_model(sc.model, lambda m: console.print(m, highlight=False, markup=False))
-    status = BoundedEngine(engine_config(sc, spec, model_dir, device or sc.device)).compile()
-    out.print_json(data=status, default=str)
+    log = lambda m: console.print(m, highlight=False, markup=False)  # noqa: E731
+    dev = device or sc.device
+    cells = plan_cells(sc, sc.load, dev, log=log).cells
+    model_dir = resolve_model(sc.model, log)
+    done, statuses = set(), []
+    for cell in cells:  # a sweep: each cell's bounds (engines are sized per cell)
+        if cell.bounds not in done:
+            done.add(cell.bounds)
+            if cell.label:
+                log(f"cell {cell.label}:")
+            statuses.append(BoundedEngine(engine_config(cell.scenario, spec, model_dir, dev, cell.bounds)).compile())
+    out.print_json(data=statuses[0] if len(statuses) == 1 else statuses, default=str)
 
 
 sglang_app = typer.Typer(help="Manage the SGLang environment (kept apart from this project's own).",

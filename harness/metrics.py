@@ -6,7 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
-from engines.base import BeamRequest
+from engines.base import BeamRequest, BeamResult
 from harness.flops import ModelShape, request_flops
 from harness.loadgen import LoadPoint, RequestRecord
 
@@ -32,9 +32,35 @@ def latency_summary(latencies_ms: Sequence[float]) -> dict[str, float]:
 
 def record_tokens(rec: RequestRecord) -> int:
     """Valid input tokens plus generated tokens (W x S for beam search)."""
+    return sum(rec.item.prompt_tokens) + record_generated(rec)
+
+
+def record_beams(rec: RequestRecord) -> int:
+    """Beams a beam-search request asks for (W); 0 for scoring."""
     req = rec.item.request
-    gen = req.beam_width * req.decode_steps if isinstance(req, BeamRequest) else 0
-    return sum(rec.item.prompt_tokens) + gen
+    return req.beam_width if isinstance(req, BeamRequest) else 0
+
+
+def record_generated(rec: RequestRecord) -> int:
+    """Tokens a beam-search request generates: W x S."""
+    req = rec.item.request
+    return req.beam_width * req.decode_steps if isinstance(req, BeamRequest) else 0
+
+
+def record_items(rec: RequestRecord) -> int:
+    """Items a scoring request scores (its samples); 0 for beam search."""
+    return 0 if isinstance(rec.item.request, BeamRequest) else rec.item.samples
+
+
+def valid_codes(records: Sequence[RequestRecord]) -> tuple[int, int]:
+    """(beams that are item codes, beams returned) over answered beam requests that came
+    with item codes (sent to the engine or held back from it)."""
+    valid = returned = 0
+    for r in records:
+        if r.item.codes is not None and isinstance(r.result, BeamResult):
+            returned += len(r.result.beams)
+            valid += sum(tuple(b.token_ids) in r.item.codes for b in r.result.beams)
+    return valid, returned
 
 
 def record_flops(shape: ModelShape, rec: RequestRecord) -> int:
@@ -63,6 +89,10 @@ class PointMetrics:
     qps: float
     samples_per_s: float
     tokens_per_s: float
+    beams_per_s: float  # beam search: W x requests/s
+    generated_tokens_per_s: float  # beam search: W x S x requests/s
+    items_per_s: float  # scoring: samples (items) scored per second
+    valid_code_rate: float  # share of returned beams that are item codes (NaN: no codes)
     effective_tflops: float
     mfu: float
     peak_tflops: float
@@ -88,6 +118,8 @@ def summarise(point: LoadPoint, shape: ModelShape, peak_tflops: float) -> PointM
     ratio = achieved_rate_ratio(measured) if point.mode == "poisson" else float("nan")
     fell_behind = point.mode == "poisson" and (lag_p99 > LAG_P99_LIMIT_MS or ratio < ACHIEVED_RATE_MIN)
     eff_tflops = per_s(flops) / 1e12
+    beam = any(isinstance(r.item.request, BeamRequest) for r in measured)
+    valid, returned = valid_codes(ok)
     return PointMetrics(
         load_mode=point.mode, load_value=point.value, requests=len(measured), ok=len(ok),
         errors=sum(r.status == "error" for r in measured),
@@ -97,6 +129,10 @@ def summarise(point: LoadPoint, shape: ModelShape, peak_tflops: float) -> PointM
         p99_estimate=len(ok) < P99_MIN_REQUESTS,
         window_s=window, qps=per_s(len(ok)), samples_per_s=per_s(sum(r.item.samples for r in ok)),
         tokens_per_s=per_s(sum(record_tokens(r) for r in ok)),
+        beams_per_s=per_s(sum(map(record_beams, ok))) if beam else float("nan"),
+        generated_tokens_per_s=per_s(sum(map(record_generated, ok))) if beam else float("nan"),
+        items_per_s=float("nan") if beam or not measured else per_s(sum(map(record_items, ok))),
+        valid_code_rate=valid / returned if returned else float("nan"),
         effective_tflops=eff_tflops, mfu=eff_tflops / peak_tflops if peak_tflops else float("nan"),
         peak_tflops=peak_tflops, send_lag_p99_ms=lag_p99, achieved_rate_ratio=ratio,
         fell_behind=bool(fell_behind), interrupted=point.interrupted,

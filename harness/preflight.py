@@ -102,6 +102,7 @@ def check_scenario(sc: Scenario, path: str | Path, *, engines: list[str] | None 
         _check_device(dev, "--device" if device else f"{src}: field device")
     facts = model_facts(sc.model, f"{src}: field model")
     _check_positions(sc, facts, src)
+    _check_sweep(sc, facts, src, dev, getattr(overrides, "sweep", None))
     if facts.tokenizer is not None:
         _check_task(sc, facts, src)
     specs = select_engines(sc, engines)
@@ -140,6 +141,23 @@ def _check_positions(sc: Scenario, facts: ModelFacts, src: str) -> None:
     if longest is not None and longest > facts.max_positions:
         raise ScenarioError(f"{src}: field workload.prompt_tokens: up to {longest} tokens > the model's "
                             f"{facts.max_positions} positions")
+
+
+def _check_sweep(sc: Scenario, facts: ModelFacts, src: str, device: str, override: Any) -> None:
+    """Every cell of the sweep (with --sweep's values) fits the model's positions."""
+    from harness.sweep import plan_cells
+
+    if sc.sweep is None and not override:
+        return
+    try:
+        cells = plan_cells(sc, sc.load, device, override).cells
+    except ValueError as e:
+        raise ScenarioError(str(e) if str(e).startswith("--sweep") else f"{src}: field sweep: {e}") from None
+    for cell in cells:
+        try:
+            _check_positions(cell.scenario, facts, src)
+        except ScenarioError as e:
+            raise ScenarioError(f"{e} (sweep cell {cell.label})") from None
 
 
 def _check_task(sc: Scenario, facts: ModelFacts, src: str) -> None:

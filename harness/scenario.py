@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from engines.registry import ENGINES
 from engines.validate import MAX_BEAM_WIDTH, MAX_DECODE_STEPS, MAX_SAMPLES
@@ -138,6 +138,9 @@ class Bounds(_Strict):
     max_prompt_tokens: int = Field(default=512, gt=0, le=MAX_PROMPT_TOKENS)
     max_query_tokens: int | None = Field(default=None, gt=0, le=MAX_PROMPT_TOKENS)  # default: max_prompt_tokens
     max_item_tokens: int | None = Field(default=None, gt=0, le=MAX_PROMPT_TOKENS)  # default: max_prompt_tokens
+    # beam bounds: None sizes them from the task (each sweep cell's, see harness/sweep.py)
+    max_beam_width: int | None = Field(default=None, gt=0, le=MAX_BEAM_WIDTH)
+    max_decode_steps: int | None = Field(default=None, gt=0, le=MAX_DECODE_STEPS)
     on_violation: Literal["reject", "truncate"] = "reject"
 
     @model_validator(mode="after")
@@ -221,6 +224,7 @@ class CpuLimits(_Strict):
     duration_s: Seconds | None = None
     concurrency: list[int] | None = Field(default=None, min_length=1, max_length=1000)
     rate: list[float] | None = Field(default=None, min_length=1, max_length=1000)
+    sweep: dict[str, list[Any]] | None = None  # values of swept parameters, replacing the sweep's
 
     @field_validator("concurrency")
     @classmethod
@@ -231,6 +235,55 @@ class CpuLimits(_Strict):
     @classmethod
     def _rate(cls, v: list[float] | None) -> list[float] | None:
         return v if v is None else _levels(v, "rate", MAX_RATE)
+
+
+# Parameters a sweep may vary, and the scenario section each belongs to.
+SWEEP_PARAMS = {"beam_width": "task", "decode_steps": "task", "samples_per_request": "workload",
+                "prompt_tokens": "workload", "items_per_request": "workload", "query_tokens": "workload",
+                "item_tokens": "workload"}
+SIZINGS = ("cell", "largest")
+
+
+class Sweep(_Strict):
+    """`sweep:` -- task and workload parameters, each a list of values; their cross product
+    are the cells, each run at every load point. `sizing`: engines sized for each cell (cell,
+    the default: restarted when a cell needs other bounds) or once for the largest cell."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)  # the parameters
+    sizing: Literal["cell", "largest"] = "cell"
+
+    @property
+    def params(self) -> dict[str, list[Any]]:
+        return dict(self.model_extra or {})
+
+
+def check_sweep_values(params: dict[str, Any], task: Any, workload: Any) -> None:
+    """Every value of every swept parameter must make a valid task / workload."""
+    if not params:
+        raise ValueError(f"name at least one parameter to sweep; parameters: {', '.join(SWEEP_PARAMS)}")
+    for name, values in params.items():
+        if name not in SWEEP_PARAMS:
+            raise ValueError(f"unknown sweep parameter {name!r}; parameters: {', '.join(SWEEP_PARAMS)}")
+        section = {"task": task, "workload": workload}[SWEEP_PARAMS[name]]
+        if section is None:
+            return  # that section is invalid itself: its own error says why
+        if name not in type(section).model_fields:
+            raise ValueError(f"{name}: a {getattr(section, 'kind', 'synthetic')} task has no {name}")
+        if name == "samples_per_request" and getattr(task, "kind", "") == "beam_search":
+            raise ValueError(f"{name}: a beam_search request has one prompt; sweep beam_width or decode_steps")
+        if getattr(workload, "dataset", None) is not None and name in ("beam_width", "decode_steps"):
+            raise ValueError(f"{name}: the dataset's requests carry their own {name}; a sweep cannot change it")
+        if not isinstance(values, list) or not values:
+            raise ValueError(f"{name}: give a non-empty list of values, e.g. {name}: [1, 2, 4]")
+        if len({repr(v) for v in values}) < len(values):
+            raise ValueError(f"{name}: a value is given twice")
+        for i, v in enumerate(values):
+            if isinstance(v, bool):
+                raise ValueError(f"{name}[{i}] = {v!r}: a number is expected, not a boolean")
+            try:
+                type(section).model_validate({**section.model_dump(exclude_unset=True), name: v})
+            except ValidationError as e:
+                raise ValueError(f"{name}[{i}] = {v!r}: {e.errors()[0]['msg']}") from None
 
 
 class Slo(_Strict):
@@ -246,6 +299,9 @@ class EngineSpec(_Strict):
     model_config = ConfigDict(extra="allow", frozen=True, strict=True)
     name: str
     label: str | None = Field(default=None, min_length=1)
+    # beam search with item codes: send this engine the requests without their codes (for
+    # engines that cannot constrain beams) and report the share of its beams that are codes
+    unconstrained: bool = False
 
     @field_validator("name")
     @classmethod
@@ -280,6 +336,29 @@ class Scenario(_Strict):
     cpu: CpuLimits | None = None
     slo: Slo = Slo()
     engines: list[EngineSpec] = Field(min_length=1)
+    sweep: Sweep | None = None
+
+    @field_validator("sweep")
+    @classmethod
+    def _sweep_values(cls, v: Sweep | None, info: ValidationInfo) -> Sweep | None:
+        if v is not None:
+            check_sweep_values(v.params, info.data.get("task"), info.data.get("workload"))
+        return v
+
+    @model_validator(mode="after")
+    def _cpu_sweep(self) -> "Scenario":
+        cpu = (self.cpu.sweep if self.cpu else None) or {}
+        if cpu:
+            swept = self.sweep.params if self.sweep else {}
+            extra = [k for k in cpu if k not in swept]
+            if extra:
+                raise ValueError(f"cpu.sweep: {', '.join(extra)} not swept by the scenario's sweep "
+                                 f"({', '.join(swept) or 'none'})")
+            try:
+                check_sweep_values(cpu, self.task, self.workload)
+            except ValueError as e:
+                raise ValueError(f"cpu.sweep: {e}") from None
+        return self
 
     @field_validator("engines", mode="before")
     @classmethod

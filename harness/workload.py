@@ -7,6 +7,7 @@ same order, however many it is sent.
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass, replace
@@ -17,6 +18,7 @@ import numpy as np
 
 from engines.base import BeamRequest, Bounds as EngineBounds, PrefillRequest, Request, RequestRejected
 from engines.validate import MAX_BEAM_WIDTH, MAX_DECODE_STEPS, CheckedPrefill, Limits, RequestChecker
+from harness.bounds import scenario_bounds
 from harness.scenario import BeamTask, PrefillTask, Scenario, TokenDist
 
 
@@ -29,6 +31,7 @@ class WorkItem:
     # are its concatenations query + item_i, counted whole (what a per-sample engine computes)
     prompt_tokens: tuple[int, ...]
     query_tokens: int = 0  # the query's share of each sample, for a query request
+    codes: frozenset[tuple[int, ...]] | None = None  # the item codes its beams should be (beam search)
 
     @property
     def samples(self) -> int:
@@ -38,6 +41,7 @@ class WorkItem:
 _WORD = re.compile(r"^Ġ[a-z]{3,10}$")
 
 
+@functools.lru_cache(maxsize=4)  # a sweep builds a workload per cell from one tokenizer
 def single_token_words(tokenizer: Any) -> list[str]:
     """Lower-case words that are exactly one token with a leading space, sorted."""
     vocab = tokenizer.get_vocab()
@@ -65,6 +69,7 @@ def draw_length(rng: np.random.Generator, dist: TokenDist | int) -> int:
     return int(np.clip(round(rng.normal(dist.mean, std)), dist.min, dist.max))
 
 
+@functools.lru_cache(maxsize=4)  # one object for every cell of a sweep (engines cache by id)
 def item_codes(tokenizer: Any, count: int, length: int, seed: int) -> tuple[tuple[int, ...], ...]:
     """`count` distinct random codes of `length` word-token ids."""
     ids = np.array(sorted(tokenizer.convert_tokens_to_ids(["Ġ" + w for w in single_token_words(tokenizer)])))
@@ -80,20 +85,22 @@ class SyntheticWorkload:
         self.scenario = scenario
         self.maker = TextMaker(tokenizer)
         task = scenario.task
-        self.allowed = None
+        self.allowed, self.codes = None, None
         if isinstance(task, BeamTask) and task.item_codes is not None:
             c = task.item_codes
             self.allowed = item_codes(tokenizer, c.count, c.length, c.seed)
+            self.codes = code_set(self.allowed)
+        self._cache: dict[int, WorkItem] = {}
 
-        self._cache: list[WorkItem] = []
-
-    def prefetch(self, n: int) -> None:
-        """Make requests 0..n-1 now, so the load generator only looks them up."""
-        while len(self._cache) < n:
-            self._cache.append(self._make(len(self._cache)))
+    def prefetch(self, stop: int, start: int = 0) -> None:
+        """Make requests start..stop-1 now, so the load generator only looks them up."""
+        for i in range(start, stop):
+            if i not in self._cache:
+                self._cache[i] = self._make(i)
 
     def __getitem__(self, i: int) -> WorkItem:
-        return self._cache[i] if i < len(self._cache) else self._make(i)
+        hit = self._cache.get(i)
+        return hit if hit is not None else self._make(i)
 
     def _make(self, i: int) -> WorkItem:
         wl, task = self.scenario.workload, self.scenario.task
@@ -107,7 +114,7 @@ class SyntheticWorkload:
             return WorkItem(PrefillRequest(rid, samples, list(task.labels)), self._counted(lengths))
         n = draw_length(rng, wl.prompt_tokens)
         req = BeamRequest(rid, self.maker.text(rng, n), task.beam_width, task.decode_steps, self.allowed)
-        return WorkItem(req, self._counted((n,)))
+        return WorkItem(req, self._counted((n,)), codes=self.codes)
 
     def _counted(self, lengths: tuple[int, ...]) -> tuple[int, ...]:
         """Valid tokens as the engines see them (cut to the bounds when they truncate)."""
@@ -255,11 +262,12 @@ class DatasetWorkload:
             except RequestRejected as e:
                 raise ValueError(f"{path}: request {req.id}: {e}") from None
             seqs = checked.seqs if isinstance(checked, CheckedPrefill) else [checked.prompt]
-            self.items.append(WorkItem(req, tuple(map(len, seqs)), getattr(checked, 'query_len', 0)))
+            codes = code_set(req.allowed) if isinstance(req, BeamRequest) and req.allowed else None
+            self.items.append(WorkItem(req, tuple(map(len, seqs)), getattr(checked, 'query_len', 0), codes))
         if not self.items:
             raise ValueError(f"{path}: no requests")
 
-    def prefetch(self, n: int) -> None:
+    def prefetch(self, stop: int, start: int = 0) -> None:
         pass
 
     def __getitem__(self, i: int) -> WorkItem:
@@ -273,7 +281,7 @@ class Shifted:
 
     def __init__(self, items, offset: int, n: int):
         if hasattr(items, "prefetch"):
-            items.prefetch(offset + n)
+            items.prefetch(offset + n, offset)
         self.items, self.offset = items, offset
 
     def __getitem__(self, i: int):
@@ -288,15 +296,26 @@ def dataset_path(scenario: Scenario, base_dir: Path | None = None) -> Path | Non
     return base_dir / path if not path.is_absolute() and base_dir is not None else path
 
 
-def scenario_bounds(scenario: Scenario) -> EngineBounds:
-    """The bounds every engine of `scenario` is started with."""
-    b, task = scenario.bounds, scenario.task
-    beam = isinstance(task, BeamTask)
-    return EngineBounds(max_samples_per_request=b.max_samples_per_request, max_prompt_tokens=b.max_prompt_tokens,
-                        on_violation=b.on_violation, max_beam_width=task.beam_width if beam else 1,
-                        max_decode_steps=task.decode_steps if beam else 1,
-                        max_query_tokens=b.max_query_tokens or b.max_prompt_tokens,
-                        max_item_tokens=b.max_item_tokens or b.max_prompt_tokens)
+def code_set(codes) -> frozenset[tuple[int, ...]]:
+    return frozenset(tuple(int(t) for t in c) for c in codes)
+
+
+class Unconstrained:
+    """The same requests without their item codes, for an engine the scenario runs
+    unconstrained; each WorkItem keeps its codes, so the engine's beams can be checked."""
+
+    def __init__(self, items):
+        self.items = items
+
+    def prefetch(self, stop: int, start: int = 0) -> None:
+        if hasattr(self.items, "prefetch"):
+            self.items.prefetch(stop, start)
+
+    def __getitem__(self, i: int) -> WorkItem:
+        item = self.items[i]
+        if getattr(item.request, "allowed", None) is None:
+            return item
+        return replace(item, request=replace(item.request, allowed=None))
 
 
 def build_workload(scenario: Scenario, tokenizer: Any, base_dir: Path | None = None):

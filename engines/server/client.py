@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -186,6 +187,12 @@ class ServerEngine(Engine):
         except (OSError, ValueError) as e:
             raise EngineUnavailable(f"cannot load the tokenizer of {self.config.model_dir}: {e}") from e
         self._checker = RequestChecker(Limits.for_model(self.config.model_dir, self.config.bounds), self._tokenizer)
+
+    def resize(self, bounds) -> bool:
+        """The server plans nothing from the bounds (they are checked here, client side)."""
+        self.config = replace(self.config, bounds=bounds)
+        self._checker = RequestChecker(Limits.for_model(self.config.model_dir, bounds), self._tokenizer)
+        return True
 
     def stop(self) -> None:
         self._client = None  # bound to its event loop, which may be gone: let it be collected

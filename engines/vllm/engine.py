@@ -73,8 +73,16 @@ class VLLMEngine(ServerEngine):
                                     f"{self.config.model_dir} has head_dim {head_dim} "
                                     "(for tests, the preset tiny-hd32 is tiny with head_dim 32)")
 
+    def resize(self, bounds) -> bool:
+        """A launched server's --max-logprobs came from the beam bound: a wider one needs a new server."""
+        launched = getattr(self, "_max_logprobs", None)
+        if launched is not None and max(MIN_MAX_LOGPROBS, 2 * bounds.max_beam_width) > launched:
+            return False
+        return super().resize(bounds)
+
     def launch_command(self, port: int) -> list[str]:
         max_logprobs = max(MIN_MAX_LOGPROBS, 2 * self.config.bounds.max_beam_width)
+        self._max_logprobs = max_logprobs
         cmd = [str(self.python_path(self.options)), "-m", "vllm.entrypoints.openai.api_server",
                "--model", str(self.config.model_dir), "--host", self.options.host, "--port", str(port),
                "--dtype", self.config.dtype, "--max-logprobs", str(max_logprobs)]

@@ -44,30 +44,108 @@ def pick_baseline(run: RunFiles, requested: str | None) -> tuple[str | None, str
     return engines[0], f"baseline {requested!r} has no results in this run; ratios are to {engines[0]!r}"
 
 
+def _key(r: dict[str, Any]) -> tuple:
+    return r.get("cell", ""), r["load_mode"], r["load_value"]
+
+
 def summary_rows(run: RunFiles, baseline: str | None) -> list[dict[str, Any]]:
-    """A row per engine and load point, with ratios to the baseline at the same load point;
-    a row per engine that was skipped or failed before measuring anything."""
+    """A row per engine, cell and load point, with ratios to the baseline at the same cell and
+    load point (failed rows have none); a row per engine that was skipped or failed before
+    measuring anything."""
     sweep = run.sweep.to_dict("records")
-    base = {(r["load_mode"], r["load_value"]): r for r in sweep if r["engine"] == baseline}
+    base = {_key(r): r for r in sweep if r["engine"] == baseline and r.get("status", "ok") == "ok"}
     rows = []
     for e in run.run.get("engines", []):
         mine = [r for r in sweep if r["engine"] == e["name"]]
         for r in mine:
-            b = base.get((r["load_mode"], r["load_value"])) if e["name"] != baseline else None
+            b = base.get(_key(r)) if e["name"] != baseline and r.get("status", "ok") == "ok" else None
             rows.append({**r, "failed": r["errors"] + r["timeouts"] + r["rejected"],
                          "ratios": {k: ratio(r[k], b[k]) for k, _, _ in COMPARED} if b else None})
         if not mine:
-            rows.append({"engine": e["name"], "status": "skipped: " + e["skipped"] if e.get("skipped")
+            rows.append({"engine": e["name"], "skip": "skipped: " + e["skipped"] if e.get("skipped")
                          else "failed: " + (e.get("failed") or "no load point measured")})
     return rows
 
 
 def load_series(run: RunFiles, y: str, y2: str | None = None, tag: str = "") -> list[plots.Series]:
+    """A line against load per engine (and cell), over the points that did not fail."""
     out = []
+    sweep = run.sweep[run.sweep["status"] == "ok"]
     for eng in run.measured_engines:
-        g = run.sweep[run.sweep["engine"] == eng].sort_values("load_value")
-        out.append(plots.Series(eng + tag, g["load_value"].tolist(), g[y].tolist(), g[y2].tolist() if y2 else None))
+        mine = sweep[sweep["engine"] == eng]
+        for cell, g in mine.groupby("cell", sort=False):
+            g = g.sort_values("load_value")
+            label = eng + (f" ({cell})" if cell else "") + tag
+            out.append(plots.Series(label, g["load_value"].tolist(), g[y].tolist(), g[y2].tolist() if y2 else None))
     return out
+
+
+def param_series(run: RunFiles, y: str, y2: str | None = None) -> tuple[list[plots.Series], list[plots.Failed]]:
+    """Lines against the first swept parameter: one per engine, load point and value of the
+    other swept parameters; the failed cells of each line, to mark."""
+    x, others = run.swept[0], run.swept[1:]
+    series, failed = [], []
+    for key, g in run.sweep.groupby(["engine", "load_mode", "load_value", *others], sort=False):
+        eng, mode, value, *rest = key
+        label = f"{eng} @ {mode} {value:g}" + "".join(f", {k}={v:g}" for k, v in zip(others, rest))
+        g = g.sort_values(x)
+        ok = g[g["status"] == "ok"]
+        failed += [plots.Failed(len(series), float(v)) for v in g.loc[g["status"] != "ok", x]]
+        series.append(plots.Series(label, ok[x].tolist(), ok[y].tolist(), ok[y2].tolist() if y2 else None))
+    return series, failed
+
+
+def param_figures(run: RunFiles, slo: dict) -> list[tuple[str, str | None, str]]:
+    """The figures against the swept parameter (a sweep run only)."""
+    x = run.swept[0]
+    beam = run.sweep["beams_per_s"].notna().any() if "beams_per_s" in run.sweep else False
+    thr, thr_label = ("beams_per_s", "beams/s") if beam else ("items_per_s", "items/s")
+    if thr not in run.sweep or not run.sweep[thr].notna().any():
+        thr, thr_label = "samples_per_s", "samples/s"
+    note = " Crosses on the x axis: failed cells (see the summary for why)."
+    figs = [
+        (f"Latency against {x}", plots.against_param(*param_series(run, "mean_ms", "p99_ms"), x, "latency (ms)",
+                                                      f"Latency against {x}", slo),
+         "Mean (solid) and P99 (dashed) per engine and load point; horizontal lines are the SLO." + note),
+        (f"Throughput against {x}", plots.against_param(*param_series(run, thr), x, thr_label,
+                                                         f"{thr_label} against {x}"),
+         ("Beams/s = W x requests/s." if beam else "Items (samples) scored per second.") + note),
+        (f"Requests/s against {x}", plots.against_param(*param_series(run, "qps"), x, "requests/s",
+                                                         f"Requests/s against {x}"), note.strip()),
+        (f"Effective MFU against {x}", plots.against_param(*_computing(param_series(run, "mfu")), x,
+                                                            "effective MFU (%)", f"Effective MFU against {x}",
+                                                            percent=True), note.strip()),
+    ]
+    if "valid_code_rate" in run.sweep and run.sweep["valid_code_rate"].notna().any():
+        figs.append((f"Valid-code rate against {x}", plots.against_param(
+            *param_series(run, "valid_code_rate"), x, "beams that are item codes (%)",
+            f"Valid-code rate against {x}", percent=True),
+            "Share of each engine's returned beams that are real item codes." + note))
+    figs.append((f"Max rate under the SLO against {x}", plots.against_param(
+        *search_series(run), x, "max rate under the SLO (req/s)", f"Max rate under the SLO against {x}"),
+        "Highest Poisson rate meeting the SLO per cell (--find-max-qps); crosses: no rate met it."))
+    return figs
+
+
+def _computing(pair):
+    series, failed = pair
+    keep = [i for i, s in enumerate(series) if any(v == v for v in s.y)]
+    return [series[i] for i in keep], [plots.Failed(keep.index(f.series), f.x) for f in failed if f.series in keep]
+
+
+def search_series(run: RunFiles) -> tuple[list[plots.Series], list[plots.Failed]]:
+    x = run.swept[0]
+    by_engine: dict[str, list[dict]] = {}
+    for s in run.searches:
+        if x in (s.get("params") or {}):
+            by_engine.setdefault(s["engine"], []).append(s)
+    series, failed = [], []
+    for eng, ss in by_engine.items():
+        ss = sorted(ss, key=lambda s: s["params"][x])
+        met = [s for s in ss if _finite(s.get("max_rate"))]
+        failed += [plots.Failed(len(series), s["params"][x]) for s in ss if not _finite(s.get("max_rate"))]
+        series.append(plots.Series(eng, [s["params"][x] for s in met], [s["max_rate"] for s in met]))
+    return series, failed
 
 
 def xlabel(run: RunFiles) -> str:
@@ -77,7 +155,8 @@ def xlabel(run: RunFiles) -> str:
 
 def figures(run: RunFiles) -> list[dict[str, str]]:
     slo = run.run.get("slo") or run.run.get("scenario", {}).get("content", {}).get("slo") or {}
-    figs = [
+    figs = param_figures(run, slo) if run.swept else []
+    figs += [
         ("Latency against offered load", plots.latency_vs_load(load_series(run, "mean_ms", "p99_ms"), xlabel(run), slo),
          "Mean (solid) and P99 (dashed) per engine; horizontal lines are the scenario's SLO."),
         ("Latency distribution", plots.latency_cdf(run.requests, slo, run.engines),
@@ -86,7 +165,8 @@ def figures(run: RunFiles) -> list[dict[str, str]]:
          "Engines that skip the model (noop) have no MFU and are left out."),
         ("Time per stage", plots.stage_breakdown(stage_times(run.requests)),
          "Mean per-request time of each stage an engine reports (the bounded engine: its DAG nodes)."),
-        ("SLO search", plots.slo_probes(run.run.get("slo_search") or {}, slo),
+        ("SLO search", plots.slo_probes({s["engine"] + (f" ({s['cell']})" if s.get("cell") else ""): s
+                                         for s in run.searches}, slo),
          "Every probe of the max-QPS-under-SLO search."),
     ]
     return [{"title": t, "png": p, "caption": c} for t, p, c in figs if p]
@@ -105,10 +185,9 @@ def agreement_rows(run: RunFiles, baseline: str | None) -> list[dict[str, Any]]:
 
 
 def search_rows(run: RunFiles, baseline: str | None) -> list[dict[str, Any]]:
-    searches = run.run.get("slo_search") or {}
-    base = (searches.get(baseline) or {}).get("max_rate")
-    return [{"engine": eng, **s, "ratio": ratio(s.get("max_rate"), base) if eng != baseline else None}
-            for eng, s in searches.items()]
+    base = {s.get("cell", ""): s.get("max_rate") for s in run.searches if s["engine"] == baseline}
+    return [{**s, "ratio": ratio(s.get("max_rate"), base.get(s.get("cell", ""))) if s["engine"] != baseline else None}
+            for s in run.searches]
 
 
 def notes(run: RunFiles, baseline_note: str) -> list[str]:
@@ -121,7 +200,10 @@ def notes(run: RunFiles, baseline_note: str) -> list[str]:
 def run_view(run: RunFiles, baseline: str | None, tag: str = "") -> dict[str, Any]:
     base, note = pick_baseline(run, baseline)
     sc = run.run.get("scenario", {})
+    has = lambda c: c in run.sweep and bool(run.sweep[c].notna().any())  # noqa: E731
     return {"tag": tag, "label": run.label, "path": str(run.path), "run": run.run, "scenario": sc.get("content", {}),
+            "swept": run.swept, "beam": has("beams_per_s"), "codes": has("valid_code_rate"),
+            "failed_cells": int((run.sweep["status"] == "failed").sum()),
             "scenario_text": sc.get("text", ""), "baseline": base, "rows": summary_rows(run, base),
             "figures": figures(run), "agreement": agreement_rows(run, base), "search": search_rows(run, base),
             "warnings": list(run.run.get("warnings") or []), "notes": notes(run, note)}
@@ -129,13 +211,14 @@ def run_view(run: RunFiles, baseline: str | None, tag: str = "") -> dict[str, An
 
 def compare_rows(runs: Sequence[RunFiles]) -> list[dict[str, Any]]:
     """Each later run against the first, at the engine and load points both measured."""
-    ref = {(r["engine"], r["load_mode"], r["load_value"]): r for r in runs[0].sweep.to_dict("records")}
+    ref = {(r["engine"], *_key(r)): r for r in runs[0].sweep.to_dict("records")}
     rows = []
     for k, run in enumerate(runs[1:], 1):
         for r in run.sweep.to_dict("records"):
-            b = ref.get((r["engine"], r["load_mode"], r["load_value"]))
+            b = ref.get((r["engine"], *_key(r)))
             if b:
-                rows.append({"run": k, "engine": r["engine"], "load": f"{r['load_mode']} {r['load_value']:g}",
+                cell = f"{r['cell']} · " if r.get("cell") else ""
+                rows.append({"run": k, "engine": r["engine"], "load": f"{cell}{r['load_mode']} {r['load_value']:g}",
                              "metrics": [(label, kind, b[key], r[key], ratio(r[key], b[key]) - 1)
                                          for key, label, kind in COMPARED]})
     return rows
@@ -157,8 +240,11 @@ def compare_view(runs: Sequence[RunFiles], tags: list[str]) -> dict[str, Any]:
         series += load_series(run, "mean_ms", "p99_ms", f" ({tag})")
     slo = runs[0].run.get("slo") or {}
     fig = plots.latency_vs_load(series, xlabel(runs[0]), slo)
-    goodput = [{"engine": eng, "values": [(r.run.get("slo_search") or {}).get(eng, {}).get("max_rate") for r in runs]}
-               for eng in dict.fromkeys(e for r in runs for e in (r.run.get("slo_search") or {}))]
+    def key(s):
+        return s["engine"] + (f" ({s['cell']})" if s.get("cell") else "")
+
+    rates = [{key(s): s.get("max_rate") for s in r.searches} for r in runs]
+    goodput = [{"engine": k, "values": [rt.get(k) for rt in rates]} for k in dict.fromkeys(k for rt in rates for k in rt)]
     return {"rows": compare_rows(runs), "answers": compare_answers(runs), "goodput": goodput,
             "figure": fig, "scenarios": [r.run.get("scenario", {}).get("sha256", "") for r in runs]}
 

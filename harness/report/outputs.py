@@ -1,6 +1,8 @@
-"""outputs.jsonl: each engine's answers at its first load point, one line per request, in the
-`bench infer` output format plus the engine's name — what the report needs to check that
-engines agree on the same requests, kept on disk so `bench report` can rebuild it."""
+"""outputs.jsonl: each engine's answers at the first load point of each sweep cell, one line
+per request, in the `bench infer` output format plus the engine's name (and the cell) — what
+the report needs to check that engines agree on the same requests, kept on disk so
+`bench report` can rebuild it. Request ids differ between cells (each cell sends fresh
+requests), so answers to one id are answers to the same request."""
 from __future__ import annotations
 
 import json
@@ -15,12 +17,15 @@ Answers = dict[str, dict[str, dict[str, Any]]]  # engine -> request id -> answer
 def output_lines(result: Any) -> list[dict[str, Any]]:
     lines = []
     for er in result.engines:
-        if not er.points:
-            continue
-        point = er.points[0][0]
-        for rec in sorted(point.records, key=lambda r: r.index):
-            if rec.result is not None:
-                lines.append({"engine": er.name, **result_line(rec.result), "id": rec.item.request.id})
+        seen = set()
+        for p in er.points:
+            if p.cell.index in seen:
+                continue
+            seen.add(p.cell.index)
+            cell = {"cell": p.cell.label} if p.cell.label else {}
+            for rec in sorted(p.point.records, key=lambda r: r.index):
+                if rec.result is not None:
+                    lines.append({"engine": er.name, **cell, **result_line(rec.result), "id": rec.item.request.id})
     return lines
 
 

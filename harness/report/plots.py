@@ -76,9 +76,12 @@ def latency_cdf(requests: pd.DataFrame, slo: dict, engines: Sequence[str]) -> st
     axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
     for ax, eng in zip(axes, engines):
         mine = ok[ok["engine"] == eng]
-        for (mode, value), g in mine.groupby(["load_mode", "load_value"], sort=False):
+        keys = ["cell", "load_mode", "load_value"] if "cell" in mine else ["load_mode", "load_value"]
+        for key, g in mine.groupby(keys, sort=False):
+            cell, mode, value = key if len(key) == 3 else ("", *key)
             lat = np.sort(g["latency_ms"].to_numpy(float))
-            ax.step(lat, np.arange(1, lat.size + 1) / lat.size, where="post", label=f"{mode} {value:g}")
+            ax.step(lat, np.arange(1, lat.size + 1) / lat.size, where="post",
+                    label=f"{cell + ' · ' if cell else ''}{mode} {value:g}")
         _slo_lines(ax, slo, horizontal=False)
         _log_if_wide(ax, mine["latency_ms"].tolist() + list((slo or {}).values()), axis="x")
         ax.set(title=eng, xlabel="latency (ms)", ylabel="fraction of requests", ylim=(0, 1.02))
@@ -108,7 +111,8 @@ def stage_breakdown(stages: pd.DataFrame) -> str | None:
     """Stacked bars of mean time per stage, a bar per engine and load point."""
     if stages.empty:
         return None
-    stages = stages.assign(bar=stages["engine"] + " @ " + stages["load_mode"] + " "
+    cell = stages["cell"].map(lambda c: f" ({c})" if c else "") if "cell" in stages else ""
+    stages = stages.assign(bar=stages["engine"] + cell + " @ " + stages["load_mode"] + " "
                            + stages["load_value"].map(lambda v: f"{v:g}"))
     table = stages.pivot_table(index="bar", columns="stage", values="ms", sort=False).fillna(0.0)
     fig = Figure(layout="constrained", figsize=(7, 0.5 * len(table) + 1.6))
@@ -148,4 +152,43 @@ def slo_probes(searches: dict[str, dict], slo: dict) -> str | None:
     _log_if_wide(ax, [p["rate"] for s in searches.values() for p in s["probes"]], axis="x")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
+    return png(fig)
+
+
+@dataclass
+class Failed:
+    """A failed sweep cell, marked at its parameter value on every figure against it."""
+
+    series: int  # index of the series it belongs to (its colour)
+    x: float
+
+
+def against_param(series: list[Series], failed: Sequence[Failed], xlabel: str, ylabel: str, title: str,
+                  slo: dict | None = None, percent: bool = False) -> str | None:
+    """One line per series against a swept parameter (y2 dashed, e.g. P99 beside the mean);
+    failed cells as crosses on the x axis in their series' colour."""
+    if not any(any(math.isfinite(v) for v in s.y) for s in series) and not failed:
+        return None
+    fig = Figure(layout="constrained", figsize=(7, 4))
+    ax = fig.subplots()
+    scale = 100.0 if percent else 1.0
+    for i, s in enumerate(series):
+        c = f"C{i % 10}"
+        ax.plot(s.x, [scale * v for v in s.y], "o-", color=c, label=s.label)
+        if s.y2 is not None:
+            ax.plot(s.x, [scale * v for v in s.y2], "s--", color=c, label=f"{s.label} P99")
+    for k, f in enumerate(failed):
+        ax.plot(f.x, 0.04, "X", ms=11, color=f"C{f.series % 10}", mec="tab:red", mew=1.5,
+                transform=ax.get_xaxis_transform(), clip_on=False, label="failed cell" if k == 0 else None)
+    if slo:
+        _slo_lines(ax, slo)
+    if not percent:
+        ys = [v for s in series for v in list(s.y) + list(s.y2 or [])]
+        _log_if_wide(ax, ys + (list(slo.values()) if slo else []))
+    _log_if_wide(ax, [x for s in series for x in s.x] + [f.x for f in failed], axis="x")
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    if percent:
+        ax.set_ylim(0, 105)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
     return png(fig)

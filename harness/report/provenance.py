@@ -6,6 +6,7 @@ import json
 import platform
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -53,10 +54,17 @@ def provenance(result: Any, context: dict) -> dict[str, Any]:
         "peak": {"tflops": result.peak_tflops, "source": result.peak_source},
         "mfu_formula": FORMULA,
         "environment": environment(),
-        "engines": [{"name": er.name, "describe": er.describe, "start_s": er.start_s, "skipped": er.skipped,
-                     "failed": er.failed} for er in result.engines],
+        "engines": [{"name": er.name, "describe": er.describe, "start_s": er.start_s, "starts": er.starts,
+                     "skipped": er.skipped, "failed": er.failed, "unconstrained": not er.constrained}
+                    for er in result.engines],
+        "sweep": {"params": result.swept, "sizing": result.plan.sizing,
+                  "cells": [{"label": c.label, "params": c.params, "bounds": asdict(c.bounds)}
+                            for c in result.plan.cells]},
         "slo": sc.slo.model_dump(),
-        "slo_search": {er.name: er.search.summary() for er in result.engines if getattr(er, "search", None)},
+        # one search per engine (unswept runs, as before) and one per engine and cell
+        "slo_search": {er.name: s.summary() for er in result.engines for c, s in er.searches if not result.swept},
+        "slo_searches": [{"engine": er.name, "cell": c.label, "params": c.values(), **s.summary()}
+                         for er in result.engines for c, s in er.searches],
         "notes": result.notes,
         "warnings": result.warnings,
         "interrupted": result.interrupted,

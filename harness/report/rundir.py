@@ -13,6 +13,7 @@ import pandas as pd
 from harness.report.outputs import Answers, read_outputs
 
 NEEDED = ("run.json", "results.csv")
+TEXT_COLUMNS = ("engine", "cell", "status", "reason", "interrupted", "meets_slo", "recall_ref")
 
 
 @dataclass
@@ -37,6 +38,18 @@ class RunFiles:
         return self.results[~self.results["probe"]]
 
     @property
+    def swept(self) -> list[str]:
+        """The swept parameters (results.csv has a column for each); empty without a sweep."""
+        return list((self.run.get("sweep") or {}).get("params") or [])
+
+    @property
+    def searches(self) -> list[dict[str, Any]]:
+        """Every SLO search: {engine, cell, params, max_rate, probes, ...}."""
+        if "slo_searches" in self.run:
+            return list(self.run["slo_searches"])
+        return [{"engine": e, "cell": "", "params": {}, **s} for e, s in (self.run.get("slo_search") or {}).items()]
+
+    @property
     def measured_engines(self) -> list[str]:
         """Engines with at least one sweep point, in run order."""
         have = set(self.sweep["engine"])
@@ -49,22 +62,23 @@ def _bool(col: pd.Series) -> pd.Series:
 
 def read_results(path: Path) -> pd.DataFrame:
     df = pd.read_csv(path, keep_default_na=False, na_values=["nan", "NaN", ""],
-                     dtype={"interrupted": str, "meets_slo": str, "engine": str})
+                     dtype={c: str for c in TEXT_COLUMNS})
     for c in ("p99_estimate", "fell_behind", "probe"):
         df[c] = _bool(df[c]) if c in df else False
-    if "meets_slo" not in df:
-        df["meets_slo"] = ""
-    df["interrupted"] = df["interrupted"].fillna("").astype(str) if "interrupted" in df else ""
-    df["engine"] = df["engine"].astype(str)
+    for c in TEXT_COLUMNS:  # older runs lack the sweep's columns: one cell, every point ok
+        df[c] = df[c].fillna("").astype(str) if c in df else ("ok" if c == "status" else "")
     return df
 
 
 def read_requests(path: Path) -> pd.DataFrame:
     if not path.exists():
-        return pd.DataFrame(columns=["engine", "load_mode", "load_value", "warmup", "status", "latency_ms", "stages"])
-    df = pd.read_csv(path, keep_default_na=False, na_values=["nan", "NaN"], dtype={"stages": str, "error": str})
+        return pd.DataFrame(columns=["engine", "cell", "load_mode", "load_value", "warmup", "status", "latency_ms",
+                                     "stages"])
+    df = pd.read_csv(path, keep_default_na=False, na_values=["nan", "NaN"],
+                     dtype={"stages": str, "error": str, "cell": str})
     df["warmup"] = _bool(df["warmup"])
     df["engine"] = df["engine"].astype(str)
+    df["cell"] = df["cell"].fillna("").astype(str) if "cell" in df else ""
     return df
 
 
@@ -83,13 +97,15 @@ def load_run(path: str | Path) -> RunFiles:
 
 
 def stage_times(requests: pd.DataFrame) -> pd.DataFrame:
-    """Mean ms per stage for each engine and load point (measured, answered requests), long
-    form: engine, load_mode, load_value, stage, ms. Empty when no engine reported stages."""
+    """Mean ms per stage for each engine, cell and load point (measured, answered requests),
+    long form: engine, cell, load_mode, load_value, stage, ms. Empty when no engine reported
+    stages."""
     rows = []
+    cols = ["engine", "cell", "load_mode", "load_value", "stage", "ms"]
     ok = requests[(~requests["warmup"]) & (requests["status"] == "ok")]
     ok = ok[ok["stages"].fillna("").astype(str).str.startswith("{")]
-    for (eng, mode, value), g in ok.groupby(["engine", "load_mode", "load_value"], sort=False):
+    for (eng, cell, mode, value), g in ok.groupby(cols[:4], sort=False):
         stages = pd.DataFrame([json.loads(s) for s in g["stages"]])
         for stage, ms in stages.mean().items():
-            rows.append({"engine": eng, "load_mode": mode, "load_value": value, "stage": stage, "ms": float(ms)})
-    return pd.DataFrame(rows, columns=["engine", "load_mode", "load_value", "stage", "ms"])
+            rows.append(dict(zip(cols, (eng, cell, mode, value, stage, float(ms)))))
+    return pd.DataFrame(rows, columns=cols)

@@ -101,3 +101,34 @@ class FallbackEngine(Engine):
 
     async def submit(self, request):
         return PrefillResult(request.id, [[0.5, 0.5]] * len(request.samples))
+
+
+class PickyBeamEngine(Engine):
+    """Beam search with limits of its own, for sweeps: it cannot start when sized for
+    `START_FAILS` beams (as an engine running out of memory planning its buffers), rejects
+    requests of `REFUSES` beams, and dies (like a crashed server, until restarted) at the
+    first request of `DIES` beams. Beams are `[i, i, ...]` for i < W."""
+
+    name = "picky"
+    START_FAILS, REFUSES, DIES = 6, 5, 7
+    requests: list = []  # every request any instance was sent (class-wide: tests read it)
+    starts = 0
+
+    def start(self) -> None:
+        if self.config.bounds.max_beam_width == self.START_FAILS:
+            raise MemoryError(f"out of memory planning buffers for {self.START_FAILS} beams")
+        type(self).starts += 1
+        self.dead = False
+
+    async def submit(self, request):
+        from engines.base import Beam, BeamResult, EngineDied
+
+        type(self).requests.append(request)
+        if self.dead or request.beam_width == self.DIES:
+            self.dead = True
+            raise EngineDied("server exited with code -9")
+        if request.beam_width == self.REFUSES:
+            raise RequestRejected(f"beam_width {request.beam_width}: this engine refuses it")
+        await asyncio.sleep(0.001)
+        return BeamResult(request.id, [Beam([i] * request.decode_steps, "", -float(i))
+                                       for i in range(request.beam_width)])

@@ -62,3 +62,43 @@ def test_beam_request_tokens_and_flops():
 def test_empty_point_is_nan_not_crash():
     m = summarise(LoadPoint("closed", 1, []), SHAPE, 1.0)
     assert m.requests == 0 and math.isnan(m.mean_ms) and math.isnan(m.qps)
+
+
+def _beam_rec(i, done, beams, codes, warmup=False, status="ok", width=4, steps=2):
+    from engines.base import Beam, BeamResult
+
+    item = WorkItem(BeamRequest(str(i), "p", width, steps), (6,), codes=frozenset(codes))
+    result = BeamResult(str(i), [Beam(list(b), "", 0.0) for b in beams]) if status == "ok" else None
+    return RequestRecord(i, item, warmup, 0.0, 0.0, done, status, result=result)
+
+
+def test_beam_throughput_and_valid_code_rate_by_hand():
+    codes = {(1, 2), (3, 4), (5, 6)}
+    recs = [
+        _beam_rec(0, 9.0, [(9, 9)] * 4, codes, warmup=True),  # excluded
+        _beam_rec(1, 0.5, [(1, 2), (3, 4), (7, 7), (5, 6)], codes),  # 3 of 4 are codes
+        _beam_rec(2, 1.0, [(1, 2), (2, 1)], codes),  # 1 of 2 (an engine may return fewer than W)
+        _beam_rec(3, 2.0, [(8, 8), (9, 9), (3, 4), (4, 3)], codes),  # 1 of 4
+        _beam_rec(4, 1.5, [], codes, status="error"),
+    ]
+    m = summarise(LoadPoint("closed", 1, recs), SHAPE, peak_tflops=1.0)
+    assert m.window_s == pytest.approx(2.0) and m.ok == 3
+    assert m.beams_per_s == pytest.approx(3 * 4 / 2.0)  # W x answered requests / window
+    assert m.generated_tokens_per_s == pytest.approx(3 * 4 * 2 / 2.0)  # W x S x requests / window
+    assert m.tokens_per_s == pytest.approx((3 * 6 + 3 * 8) / 2.0)
+    assert m.valid_code_rate == pytest.approx((3 + 1 + 1) / (4 + 2 + 4))
+    assert math.isnan(m.items_per_s)
+
+
+def test_items_per_s_and_no_codes_for_scoring():
+    recs = [_rec(1, 0.0, 0.0, 1.0, tokens=(3, 5, 7)), _rec(2, 0.0, 0.0, 4.0, tokens=(2,))]
+    m = summarise(LoadPoint("closed", 2, recs), SHAPE, peak_tflops=1.0)
+    assert m.items_per_s == pytest.approx(4 / 4.0)
+    assert math.isnan(m.beams_per_s) and math.isnan(m.generated_tokens_per_s) and math.isnan(m.valid_code_rate)
+
+
+def test_beams_without_codes_have_no_valid_code_rate():
+    rec = _beam_rec(1, 1.0, [(1, 2)] * 4, ())
+    rec = RequestRecord(1, WorkItem(rec.item.request, (6,)), False, 0.0, 0.0, 1.0, "ok", result=rec.result)
+    m = summarise(LoadPoint("closed", 1, [rec]), SHAPE, peak_tflops=1.0)
+    assert math.isnan(m.valid_code_rate) and m.beams_per_s == pytest.approx(4.0)

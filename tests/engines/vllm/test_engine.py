@@ -149,3 +149,13 @@ def test_options_are_validated():
 def test_check_available_without_env(tmp_path):
     with pytest.raises(EngineUnavailable, match="no vLLM environment.*bench vllm setup"):
         VLLMEngine.check_available(EngineConfig(tmp_path, options={"python": str(tmp_path / "nope")}))
+
+
+def test_a_sweep_resizes_a_launched_server_only_within_its_max_logprobs(tiny_hd32_dir):
+    engine = VLLMEngine(launch_config(tiny_hd32_dir))  # launched for 100 beams: --max-logprobs 200
+    engine.launch_command(31000)
+    engine._tokenizer = None  # not started: the check runs without one
+    assert engine.resize(Bounds(max_beam_width=25)) and engine.config.bounds.max_beam_width == 25
+    assert engine.resize(Bounds(max_beam_width=100))
+    assert not engine.resize(Bounds(max_beam_width=400))  # needs a server launched for it
+    assert engine.config.bounds.max_beam_width == 100
