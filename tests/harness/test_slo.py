@@ -100,9 +100,8 @@ def _md1_max_rate(service_s, n, seed, slo):
     return lo
 
 
-def test_finds_the_max_rate_of_a_fifo_server_within_ten_percent():
-    service, n, seed = 0.015, 30, 5
-    slo = Slo(mean_ms=2.5 * service * 1e3, p99_ms=6 * service * 1e3)
+def _search_a_fifo_server(service, n, seed, slo):
+    """One calibration + search against a fresh FIFO server -> (effective service s, result)."""
     engine = SlowEngine(EngineConfig("."), service)
 
     async def calibrate_then_search():
@@ -113,11 +112,31 @@ def test_finds_the_max_rate_of_a_fifo_server_within_ten_percent():
         return effective, await find_max_qps(engine, _items(n * (MAX_PROBES + 2)), slo, ProbeLoad(seed, requests=n),
                                              start=1 / effective, first=n)
 
-    effective, result = asyncio.run(calibrate_then_search())
-    assert service <= effective < 1.3 * service, f"the machine is too busy: service {effective * 1e3:.1f} ms"
-    expected = _md1_max_rate(effective, n, seed, slo)
+    return asyncio.run(calibrate_then_search())
+
+
+def test_finds_the_max_rate_of_a_fifo_server_within_ten_percent():
+    # Timing on a shared machine: a scheduling stall of another process can push one latency
+    # (P99 of 30 is the max) over the bound. Up to three tries; the test fails only when a
+    # try on a calm machine (calibrated service within 30 % of the sleep) misses, and is
+    # skipped, saying why, when no try found the machine calm.
+    service, n, seed = 0.015, 30, 5
+    slo = Slo(mean_ms=2.5 * service * 1e3, p99_ms=6 * service * 1e3)
+    misses, busy = [], []
+    for _ in range(3):
+        effective, result = _search_a_fifo_server(service, n, seed, slo)
+        if not service <= effective < 1.3 * service:
+            busy.append(f"{effective * 1e3:.1f} ms")
+            continue
+        expected = _md1_max_rate(effective, n, seed, slo)
+        if abs(result.max_rate - expected) / expected < 0.10:
+            break
+        misses.append((result.max_rate, expected, result.summary()))
+    else:
+        if not misses:
+            pytest.skip(f"the machine is too busy to time a 15 ms server: calibrated service {busy}")
+        pytest.fail(f"max rate off by more than 10 % on a calm machine: {misses}")
     assert 1 <= len(result.probes) <= MAX_PROBES
-    assert abs(result.max_rate - expected) / expected < 0.10, (result.max_rate, expected, result.summary())
     assert result.best.rate == result.max_rate and result.best.meets
     assert result.lowest_failed > result.max_rate
     assert all(p.meets == (p.rate <= result.max_rate) for p in result.probes)
