@@ -100,10 +100,15 @@ class HFEngine(Engine):
             input_ids=ids, attention_mask=torch.ones_like(ids), num_beams=width,
             num_return_sequences=width, max_new_tokens=steps, min_new_tokens=steps,
             do_sample=False, length_penalty=0.0, early_stopping=False, eos_token_id=self.eos,
-            pad_token_id=self.pad_id, output_scores=True, return_dict_in_generate=True, **kw,
+            pad_token_id=self.pad_id, output_scores=True, output_logits=width == 1, return_dict_in_generate=True, **kw,
         )
         gen = out.sequences[:, n:].tolist()
-        scores = out.sequences_scores.float().tolist()
+        if width == 1:  # greedy keeps no sequence score: as beam search scores it, the chosen tokens'
+            # log-softmax of the raw logits (EOS masked after the softmax, not renormalised)
+            steps_lp = [step.float().log_softmax(-1)[0, tok] for step, tok in zip(out.logits, gen[0])]
+            scores = [float(sum(steps_lp))]
+        else:
+            scores = out.sequences_scores.float().tolist()
         beams = [Beam(g, self.tokenizer.decode(g), s) for g, s in zip(gen, scores)]
         return BeamResult(req.id, beams)
 

@@ -150,6 +150,13 @@ def _ids_problem(ids: Any, vocab: int | None, what: str) -> str:
     return ""
 
 
+def _valid_text(text: str, where: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:  # a lone surrogate, e.g. "\ud800" in JSON
+        raise RequestRejected(f"{where}: not valid Unicode text (a lone surrogate at character {e.start})") from None
+
+
 class RequestChecker:
     """Checks requests for one engine (or server): its limits, tokenizer and field names."""
 
@@ -276,6 +283,7 @@ class RequestChecker:
             raise RequestRejected(f"{where}: a label is text or a token id, got {lab!r}")
         if not lab:
             raise RequestRejected(f"{where}: empty label")
+        _valid_text(lab, where)
         if self.tokenizer is None:
             return -1
         enc = self.tokenizer.encode(lab, add_special_tokens=False)
@@ -308,7 +316,8 @@ class RequestChecker:
     def _text_fits(self, text: str, where: str, cap: int, bound: str = "max_prompt_tokens") -> None:
         """Refuse, without tokenizing it, text too long to be `cap` tokens whatever it encodes
         to: a token is at most as many bytes as the longest vocabulary entry (bounds that
-        truncate keep the text: its end is what counts)."""
+        truncate keep the text: its end is what counts). Text must be valid Unicode."""
+        _valid_text(text, where)
         if self.tokenizer is None or self.limits.bounds.on_violation == "truncate":
             return
         if self._token_bytes is None:

@@ -100,6 +100,12 @@ def run(
     names = [s.title for s in select_engines(sc, ov.engines)]
     if baseline is not None and baseline not in names:
         _fail(f"--baseline {baseline!r} is not an engine of this run; engines: {', '.join(names)}")
+    try:  # before any engine runs: results that cannot be written are lost
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / ".writable").touch()
+        (folder / ".writable").unlink()
+    except OSError as e:
+        _fail(f"--out {folder}: cannot write there ({e.strerror})")
     ctx = {"run_id": run_id, "scenario_path": str(scenario), "scenario_text": scenario.read_text("utf-8-sig"),
            "command": sys.argv, "baseline": baseline}
     log = lambda m: console.print(m, highlight=False, markup=False)  # noqa: E731

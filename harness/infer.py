@@ -109,6 +109,10 @@ def infer_file(engine_name: str, model: str, input: Path, output: Path, *, dtype
     except (TypeError, ValueError) as e:
         raise InferInputError(f"--option: {e}") from None
     lines = read_input(input)
+    try:  # before any work: an answer that cannot be written is lost
+        Path(output).open("a").close()
+    except OSError as e:
+        raise InferInputError(f"--output {output}: cannot write ({e.strerror})") from None
     facts = model_facts(model, "--model")  # a typo'd preset is an error, not a hub download
     model_dir = resolve_model(model, log)
     bounds = screen(lines, caps_checker(model_dir, facts.tokenizer or load_tokenizer(model_dir)))

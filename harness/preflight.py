@@ -19,7 +19,7 @@ from engines.base import Bounds, EngineUnavailable, RequestRejected
 from engines.registry import engine_class
 from engines.validate import FieldNames, Limits, RequestChecker
 from harness.presets import PRESETS, tokenizer_files
-from harness.scenario import DEVICE, BeamTask, EngineSpec, PrefillTask, Scenario, ScenarioError, select_engines
+from harness.scenario import DEVICE, MAX_RUN_TOKENS, BeamTask, EngineSpec, PrefillTask, Scenario, ScenarioError, select_engines
 from harness.workload import LineError, dataset_path, read_lines, scenario_bounds, single_token_words
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -195,11 +195,37 @@ def _check_options(spec: EngineSpec, options: dict[str, Any], src: str, k: int) 
 def _check_overrides(sc: Scenario, ov: Any, device: str) -> None:
     from harness.runner import effective_load
 
-    effective_load(sc, ov, device, lambda _m: None)
+    load = effective_load(sc, ov, device, lambda _m: None)
+    _check_run_size(sc, load)
     if ov.peak_tflops is not None and not 0 < ov.peak_tflops < float("inf"):
         raise ScenarioError(f"--peak-tflops {ov.peak_tflops}: give a positive number of TFLOP/s")
     if ov.find_max_qps and sc.slo.mean_ms is None and sc.slo.p99_ms is None:
         raise ScenarioError(f"--find-max-qps: scenario {sc.name!r} has no slo (mean_ms and/or p99_ms) to meet")
+
+
+def _check_run_size(sc: Scenario, load: Any) -> None:
+    """Synthetic requests are made before each load point starts (and kept for the run):
+    their text must fit in memory."""
+    from harness.loadmodes import load_mode
+
+    per = _longest_request(sc)
+    if per is None:
+        return  # a dataset's requests are read once and reused
+    mode = load_mode(load)
+    made = sum(mode.size(load, v, sc.workload.seed) for v in mode.levels(load))
+    if made * per > MAX_RUN_TOKENS:
+        raise ScenarioError(f"the run would make {made:,} requests of up to {per:,} tokens up front "
+                            f"({made * per:,} tokens of text > {MAX_RUN_TOKENS:,}): ask for fewer requests, "
+                            "a shorter duration or fewer load points (scenario load, or --requests/--duration)")
+
+
+def _longest_request(sc: Scenario) -> int | None:
+    wl, most = sc.workload, lambda d: d if isinstance(d, int) else d.max  # noqa: E731
+    if wl.dataset is not None:
+        return None
+    if wl.has_query:
+        return most(wl.items_per_request) * (most(wl.query_tokens) + most(wl.item_tokens))
+    return most(wl.prompt_tokens) * (wl.samples_per_request if isinstance(sc.task, PrefillTask) else 1)
 
 
 def _check_dataset(sc: Scenario, path: Path, facts: ModelFacts, src: str) -> None:

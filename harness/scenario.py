@@ -28,6 +28,7 @@ MAX_SECONDS = 7 * 24 * 3600.0
 MAX_PROMPT_TOKENS = 1 << 20
 MAX_REQUEST_TOKENS = 1 << 22  # max_samples_per_request x max_prompt_tokens
 MAX_ITEM_CODES = 10_000_000
+MAX_RUN_TOKENS = 200_000_000  # synthetic text a run makes up front (all its load points)
 MAX_FILE_BYTES = 1 << 20
 DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
@@ -87,7 +88,7 @@ class TokenDist(_Strict):
     mean: float = Field(gt=0)
     min: int = Field(ge=1, le=MAX_PROMPT_TOKENS)
     max: int = Field(ge=1, le=MAX_PROMPT_TOKENS)
-    std: float | None = Field(default=None, ge=0)
+    std: float | None = Field(default=None, ge=0, le=MAX_PROMPT_TOKENS)
 
     @model_validator(mode="after")
     def _ordered(self) -> "TokenDist":
@@ -209,6 +210,12 @@ class PoissonLoad(_Strict):
         if most > MAX_REQUESTS:
             raise ValueError(f"rate: the fastest rate over warmup_s + duration_s sends ~{most:,.0f} requests "
                              f"> {MAX_REQUESTS:,} per load point")
+        slowest = min(self.rate)
+        if self.duration_s is not None and slowest * self.duration_s < 1:
+            raise ValueError(f"rate: {slowest:g}/s over duration_s {self.duration_s:g} expects no request at all")
+        if self.duration_s is None and (self.requests or 0) / slowest > MAX_SECONDS:
+            raise ValueError(f"rate: {self.requests} requests at {slowest:g}/s take ~{self.requests / slowest:,.0f} s "
+                             f"> {MAX_SECONDS:,.0f}")
         return self
 
 
@@ -324,7 +331,7 @@ def _longest(dist: "TokenDist | int | None") -> int | None:
 
 
 class Scenario(_Strict):
-    name: str
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")  # names the run folder: no "/" or ".."
     description: str = ""
     model: str = Field(min_length=1)
     dtype: Literal["bfloat16", "float32", "float16"] = "bfloat16"
@@ -370,7 +377,7 @@ class Scenario(_Strict):
     @model_validator(mode="after")
     def _query_needs_prefill(self) -> "Scenario":
         if self.workload.has_query and not isinstance(self.task, PrefillTask):
-            raise ValueError("a query + items workload needs task kind prefill_only")
+            raise ValueError("workload: a query + items workload needs task kind prefill_only")
         return self
 
     @field_validator("engines")
@@ -384,6 +391,17 @@ class Scenario(_Strict):
                                  "label: bounded-noshare, ...})")
             seen[spec.title] = k
         return v
+
+    @model_validator(mode="after")
+    def _cpu_fits_load(self) -> "Scenario":
+        if self.cpu is None:
+            return self
+        fields = type(self.load).model_fields
+        stray = [k for k, v in self.cpu.model_dump().items() if v is not None and k not in fields]
+        if stray:
+            raise ValueError(f"cpu.{stray[0]}: a {self.load.mode} load has no {stray[0]} "
+                             f"(its fields: {', '.join(k for k in fields if k != 'mode')})")
+        return self
 
     @model_validator(mode="after")
     def _workload_fits(self) -> "Scenario":
@@ -411,6 +429,7 @@ class ScenarioError(ValueError):
 
 _TAGS = {"closed", "poisson", "prefill_only", "beam_search", "int", "float", "str", "list[int]", "TokenDist",
          "constrained-int", "constrained-float"}
+_NUMBER_TEXT = re.compile(r"^[-+]?\d+[eE][-+]?\d+$")  # 1e-9: a float in JSON, text in YAML 1.1
 _FIELD_FIRST = re.compile(r"^(?:Value error, )?([a-z_0-9][\w.]*): (.*)$", re.S)
 
 
@@ -435,12 +454,14 @@ def field_errors(e: ValidationError) -> list[tuple[str, str]]:
             msg = msg.removeprefix("Value error, ")
         if is_type and isinstance(err.get("input"), bool):
             hints[where] = " (YAML reads unquoted true/false/yes/no/on/off as booleans: quote it)"
-        if is_type and any(w.startswith(where + ".") for w in out):
-            continue  # another branch of the union got further into the value: its errors tell more
+        elif is_type and isinstance(err.get("input"), str) and _NUMBER_TEXT.match(err["input"]):
+            hints[where] = f" (YAML reads {err['input']} as text: write it with a dot, e.g. 1.0e-9)"
         msgs = out.setdefault(where, [])
         if (is_type, msg) not in msgs:
             msgs.append((is_type, msg))
-    return [(where, _one_message(msgs) + hints.get(where, "")) for where, msgs in out.items()]
+    # where another branch of a union got further into the value, its errors tell more
+    deeper = {w for w, msgs in out.items() if all(t for t, _ in msgs) and any(x.startswith(w + ".") for x in out)}
+    return [(w, _one_message(msgs) + hints.get(w, "")) for w, msgs in out.items() if w not in deeper]
 
 
 def _one_message(msgs: list[tuple[bool, str]]) -> str:

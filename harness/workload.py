@@ -18,6 +18,7 @@ import numpy as np
 
 from engines.base import BeamRequest, Bounds as EngineBounds, PrefillRequest, Request, RequestRejected
 from engines.validate import MAX_BEAM_WIDTH, MAX_DECODE_STEPS, CheckedPrefill, Limits, RequestChecker
+from harness import strict_json
 from harness.bounds import scenario_bounds
 from harness.scenario import BeamTask, PrefillTask, Scenario, TokenDist
 
@@ -154,31 +155,14 @@ FIELDS = {  # kind -> (required, optional) fields; a prefill_only line has sampl
 }
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise ValueError(f"field {k!r} appears twice")
-        out[k] = v
-    return out
-
-
 def parse_line(raw: bytes, where: str) -> tuple[Any, Request]:
     """One JSONL line (the `bench infer` input format) -> (its id as given, a request), or
     LineError. Field types and values are left to the engines' shared check
     (`engines.validate`), so a line and an HTTP body are judged alike."""
     try:
-        obj = json.loads(raw.decode("utf-8"), parse_constant=_no_constant, object_pairs_hook=_no_repeats)
-    except UnicodeDecodeError as e:
-        raise LineError(where, f"not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
-    except ValueError as e:  # JSONDecodeError included
-        raise LineError(where, f"not valid JSON: {getattr(e, 'msg', e)}") from None
-    except RecursionError:
-        raise LineError(where, "not valid JSON: nested too deeply") from None
+        obj = strict_json.loads(raw)
+    except strict_json.BadJson as e:
+        raise LineError(where, str(e)) from None
     return parse_request(obj, where)
 
 

@@ -25,6 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engines.base import BeamRequest, BeamResult, Bounds, PrefillRequest, PrefillResult, RequestRejected
 from engines.validate import FieldNames, Limits, RequestChecker
+from harness import strict_json
+from harness.scenario import field_errors
 
 
 class ApiError(Exception):
@@ -58,8 +60,8 @@ class ScoreBody(_Body):
 
 
 class SamplingParams(_Body):
-    max_new_tokens: int = 128  # SGLang's default
-    min_new_tokens: int = 0
+    max_new_tokens: int = Field(default=128, ge=1)  # SGLang's default
+    min_new_tokens: int = Field(default=0, ge=0)
     temperature: float | None = None
     beam_width: int = Field(default=1, ge=1)
     n: int | None = Field(default=None, ge=1)
@@ -95,25 +97,19 @@ def _checked(check, request):
 
 
 def parse_body(model: type[_Body], raw: bytes) -> Any:
-    """JSON bytes -> a validated body, or ApiError(400) naming every bad field."""
+    """JSON bytes -> a validated body, or ApiError(400) naming every bad field. Parsed strictly
+    (`harness.strict_json`: a key given twice is an error, not the last one winning)."""
     try:
-        return model.model_validate_json(raw)
+        return model.model_validate(strict_json.loads(raw))
+    except strict_json.BadJson as e:
+        raise ApiError(400, f"body is {e}") from None
     except ValidationError as e:
         raise ApiError(400, validation_message(e)) from None
 
 
 def validation_message(e: ValidationError) -> str:
-    lines, seen = [], set()
-    for err in e.errors():
-        if err["type"] == "json_invalid":
-            return f"body is not valid JSON: {err['ctx'].get('error', err['msg'])}"
-        where = ".".join(str(p) for p in err["loc"]) or "(body)"
-        line = f"field {where}: {err['msg']}"
-        if err["type"] == "extra_forbidden":
-            line = f"field {where}: unknown field"
-        if line not in seen:
-            seen.add(line)
-            lines.append(line)
+    lines = [f"field {where}: {'unknown field' if msg == 'Extra inputs are not permitted' else msg}"
+             for where, msg in field_errors(e)]
     more = f" (and {len(lines) - 6} more)" if len(lines) > 6 else ""
     return "invalid request: " + "; ".join(lines[:6]) + more
 

@@ -86,3 +86,20 @@ def test_query_request_scores_the_concatenations(engine, ref, tokenizer):
 def test_query_bounds_reject(engine):
     with pytest.raises(RequestRejected, match="max_samples_per_request"):
         asyncio.run(engine.submit(PrefillRequest.with_query("x", [1], [[2]] * 9, [" yes", " no"])))
+
+
+def test_one_beam_is_greedy_with_its_cumulative_log_prob(engine, ref):
+    """W = 1 (what /generate without beam_width asks): found by a hostile pass, it used to fail
+    for want of generate's sequence scores."""
+    prompt = [100, 200, 300]
+    res = asyncio.run(engine.submit(BeamRequest("g", prompt, 1, 3)))
+    seq, total = list(prompt), 0.0
+    with torch.no_grad():
+        for _ in range(3):
+            logp = ref(torch.tensor([seq])).logits[0, -1].log_softmax(-1)
+            logp[151645] = -float("inf")  # EOS masked during the steps
+            t = int(logp.argmax())
+            total += logp[t].item()
+            seq.append(t)
+    assert len(res.beams) == 1 and res.beams[0].token_ids == seq[3:]
+    assert res.beams[0].logprob == pytest.approx(total, abs=1e-4)

@@ -74,6 +74,11 @@ BAD = [
     (b'{"id": "latin", "kind": "prefill_only", "samples": [" caf\xe9"], "labels": [" yes", " no"]}',
      "not UTF-8 text"),
     ("[" * 100000 + "]" * 100000, "nested too deeply"),
+    # found by a hostile pass after the corpus above was written
+    ('{"id": "surrogate", "kind": "prefill_only", "samples": ["\\ud800 x"], "labels": [" yes", " no"]}',
+     "samples.0: not valid Unicode text (a lone surrogate at character 0)"),
+    ('{"id": "surrogate-label", "kind": "prefill_only", "samples": [[1]], "labels": [" yes", "\\udfff"]}',
+     "labels.1: not valid Unicode text"),
 ]
 
 
@@ -141,6 +146,7 @@ def test_cli_exit_codes(tmp_path, tiny_dir):
         (["-i", str(good), "--option", "colour=blue"], 2, "--option: unknown option(s) colour"),
         (["-i", str(good), "--dtype", "int3"], 2, "--dtype int3: choose one of"),
         (["-i", str(good), "--device", "quantum"], 2, "--device quantum: not a device"),
+        (["-i", str(good), "-o", str(tmp_path / "no" / "such" / "out.jsonl")], 2, "cannot write"),
     ]:
         argv = ["infer", "-e", "noop", "--model", "tiny", "-o", str(out), *args]
         res = runner.invoke(app, argv)

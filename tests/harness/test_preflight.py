@@ -85,6 +85,14 @@ FILE_CASES = [
     (BEAM, "task.item_codes", {"count": 5, "length": 3}, "field task.item_codes.count: 5 < beam_width 8"),
     (BEAM, "task.item_codes", {"count": 50, "length": 2}, "field task.item_codes.length: 2 must equal decode_steps 3"),
     (BEAM, "workload.samples_per_request", 4, "field workload.samples_per_request: a beam_search request has one prompt"),
+    # found by a hostile pass after the corpus above was written
+    (PREFILL, "name", "../../../tmp/escape", "field name: String should match pattern"),
+    (PREFILL, "workload.prompt_tokens", {"mean": 24, "min": 8, "max": 48, "std": 1e308},
+     "field workload.prompt_tokens.std: Input should be less than or equal to 1048576"),
+    (PREFILL, "load", {"mode": "poisson", "rate": [1e-9], "duration_s": 1}, "field load.rate: 1e-09/s over duration_s 1 "
+                                                                          "expects no request at all"),
+    (PREFILL, "load", {"mode": "poisson", "rate": [1e-9], "requests": 2}, "field load.rate: 2 requests at 1e-09/s take"),
+    (PREFILL, "cpu", {"rate": [5.0]}, "field cpu.rate: a closed load has no rate"),
 ]
 
 
@@ -92,8 +100,7 @@ FILE_CASES = [
                          ids=[f"{c[1]}={str(c[2])[:20]}" for c in FILE_CASES])
 def test_bad_scenario_files_name_file_and_field(tmp_path, base, path, value, message):
     p = tmp_path / "bad.yaml"
-    p.write_text(json.dumps(_set(base, path, value), allow_nan=True))  # JSON is YAML; inf/nan as .inf/.nan below
-    p.write_text(p.read_text().replace("Infinity", ".inf").replace("NaN", ".nan"))
+    p.write_text(yaml.safe_dump(_set(base, path, value)))
     with pytest.raises(ScenarioError) as e:
         load_scenario(p)
     assert str(e.value).startswith(f"{p}: ")
@@ -245,6 +252,15 @@ def test_poisson_overrides_are_checked_again(tiny_dir):
         assert message in str(e.value)
 
 
+def test_a_run_too_big_to_make_up_front_is_refused(tmp_path, tiny_dir):
+    data = _set(PREFILL, "load", {"mode": "closed", "concurrency": [1, 2, 4, 8], "requests": 10**6,
+                                  "warmup_requests": 0})
+    p = _write(tmp_path, _set(data, "workload", {"samples_per_request": 16, "prompt_tokens": 128}))
+    with pytest.raises(ScenarioError, match="the run would make 4,000,000 requests of up to 2,048 tokens up front"):
+        check_scenario(load_scenario(p), p, overrides=Overrides())
+    check_scenario(load_scenario(p), p, overrides=Overrides(requests=1000))  # fine with fewer
+
+
 @pytest.mark.parametrize("path", sorted(SCENARIOS.glob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_scenarios_pass_the_preflight(path, tiny_dir):
     check_scenario(load_scenario(path), path, overrides=Overrides())
@@ -257,11 +273,12 @@ def test_shipped_scenarios_pass_the_preflight(path, tiny_dir):
     (["--device", "quantum"], "--device quantum: not a device"),
     (["--engine", "hff"], "--engine hff: unknown engine"),
     (["--baseline", "sglang"], "--baseline 'sglang' is not an engine of this run"),
+    (["--out", "/proc/no-such-run"], "--out /proc/no-such-run: cannot write there"),
 ])
 def test_bench_run_bad_flags_exit_2_before_any_engine(tmp_path, tiny_dir, args, message):
     out = tmp_path / "run"
-    res = CliRunner().invoke(app, ["run", str(SCENARIOS / "smoke_prefill.yaml"), "--engine", "noop", *args,
-                                   "--peak-tflops", "1", "--out", str(out)])
+    res = CliRunner().invoke(app, ["run", str(SCENARIOS / "smoke_prefill.yaml"), "--engine", "noop",
+                                   "--peak-tflops", "1", "--out", str(out), *args])  # the last --out wins
     assert res.exit_code == 2, res.output
     assert message in res.output and "Traceback" not in res.output
-    assert not out.exists()  # nothing ran
+    assert not out.exists() and "[noop] starting" not in res.output  # nothing ran

@@ -45,3 +45,27 @@ def test_query_bodies_are_checked_against_the_bounds(translator, body, msg):
     with pytest.raises(ApiError, match=msg) as e:
         translator.score(_body(**body), "r")
     assert e.value.status == 400
+
+
+@pytest.mark.parametrize("raw, msg", [  # found by a hostile pass after the server tests were written
+    (b'{"items": [" a"], "items": [" b"], "label_token_ids": [1, 2], "apply_softmax": true}',
+     "body is not valid JSON: field 'items' appears twice"),
+    (b'{"items": [" a"], "label_token_ids": [1, NaN], "apply_softmax": true}', "NaN is not a JSON number"),
+    (b'{"items": [" caf\xe9"], "label_token_ids": [1, 2], "apply_softmax": true}', "body is not UTF-8 text"),
+    (b'{"items": [[1.0]], "label_token_ids": [1, 2], "apply_softmax": true}',
+     "invalid request: field items.0.0: Input should be a valid integer"),
+])
+def test_bodies_are_parsed_strictly(raw, msg):
+    from harness.serve.api import parse_body
+
+    with pytest.raises(ApiError, match=msg) as e:
+        parse_body(ScoreBody, raw)
+    assert e.value.status == 400
+
+
+def test_text_that_is_not_unicode_is_a_400(translator):
+    from harness.serve.api import parse_body
+
+    body = parse_body(ScoreBody, b'{"items": ["\\ud800 x"], "label_token_ids": [1, 2], "apply_softmax": true}')
+    with pytest.raises(ApiError, match="items.0: not valid Unicode text"):
+        translator.score(body, "r")
