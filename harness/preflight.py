@@ -196,33 +196,35 @@ def _check_overrides(sc: Scenario, ov: Any, device: str) -> None:
     from harness.runner import effective_load
 
     load = effective_load(sc, ov, device, lambda _m: None)
-    _check_run_size(sc, load)
+    _check_run_size(sc, load, ov)
     if ov.peak_tflops is not None and not 0 < ov.peak_tflops < float("inf"):
         raise ScenarioError(f"--peak-tflops {ov.peak_tflops}: give a positive number of TFLOP/s")
     if ov.find_max_qps and sc.slo.mean_ms is None and sc.slo.p99_ms is None:
         raise ScenarioError(f"--find-max-qps: scenario {sc.name!r} has no slo (mean_ms and/or p99_ms) to meet")
 
 
-def _check_run_size(sc: Scenario, load: Any) -> None:
+def _check_run_size(sc: Scenario, load: Any, ov: Any) -> None:
     """Synthetic requests are made before each load point starts (and kept for the run):
     their text must fit in memory."""
     from harness.loadmodes import load_mode
+    from harness.sweep import plan_cells
 
-    per = _longest_request(sc)
-    if per is None:
+    if sc.workload.dataset is not None:
         return  # a dataset's requests are read once and reused
     mode = load_mode(load)
-    made = sum(mode.size(load, v, sc.workload.seed) for v in mode.levels(load))
-    if made * per > MAX_RUN_TOKENS:
-        raise ScenarioError(f"the run would make {made:,} requests of up to {per:,} tokens up front "
-                            f"({made * per:,} tokens of text > {MAX_RUN_TOKENS:,}): ask for fewer requests, "
-                            "a shorter duration or fewer load points (scenario load, or --requests/--duration)")
+    per_cell = sum(mode.size(load, v, sc.workload.seed) for v in mode.levels(load))
+    cells = plan_cells(sc, load, "cpu", getattr(ov, "sweep", None)).cells if sc.sweep or getattr(ov, "sweep", None) \
+        else []
+    sizes = [_longest_request(c.scenario) for c in cells] or [_longest_request(sc)]
+    made, text = per_cell * len(sizes), per_cell * sum(sizes)
+    if text > MAX_RUN_TOKENS:
+        raise ScenarioError(f"the run would make {made:,} requests of up to {max(sizes):,} tokens up front "
+                            f"({text:,} tokens of text > {MAX_RUN_TOKENS:,}): ask for fewer requests, a shorter "
+                            "duration, fewer load points or sweep cells (scenario, or --requests/--duration)")
 
 
-def _longest_request(sc: Scenario) -> int | None:
+def _longest_request(sc: Scenario) -> int:
     wl, most = sc.workload, lambda d: d if isinstance(d, int) else d.max  # noqa: E731
-    if wl.dataset is not None:
-        return None
     if wl.has_query:
         return most(wl.items_per_request) * (most(wl.query_tokens) + most(wl.item_tokens))
     return most(wl.prompt_tokens) * (wl.samples_per_request if isinstance(sc.task, PrefillTask) else 1)

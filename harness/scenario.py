@@ -397,7 +397,7 @@ class Scenario(_Strict):
         if self.cpu is None:
             return self
         fields = type(self.load).model_fields
-        stray = [k for k, v in self.cpu.model_dump().items() if v is not None and k not in fields]
+        stray = [k for k, v in self.cpu.model_dump().items() if v is not None and k not in fields and k != "sweep"]
         if stray:
             raise ValueError(f"cpu.{stray[0]}: a {self.load.mode} load has no {stray[0]} "
                              f"(its fields: {', '.join(k for k in fields if k != 'mode')})")
