@@ -11,9 +11,8 @@ head, which runs outside the graphs. The prompt K/V of each request is written o
 the prefill; each beam keeps only its suffix K/V, in two ping-pong buffers: reordering
 beams after a step gathers the suffix rows into the other buffer, and nothing else moves.
 
-Row layout of a batch: request r owns rows [r*W, (r+1)*W) of the W-row width bucket; rows
-past its own width, and beams that died (no allowed continuation), carry score -inf and are
-never chosen.
+What a batch carries between the moves (jobs, shapes, device metadata, beams; the row
+layout) is typed in runtime/beam_batch.py.
 
 On a GPU the decode step (transformer body and head) is a CUDA graph per (width bucket,
 requests bucket, ping-pong parity), captured at start on the planned buffers
@@ -27,8 +26,6 @@ batch's own size.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -36,63 +33,16 @@ import torch
 from torch import Tensor
 
 from engines.bounded.kernels import head, select
-from engines.bounded.kernels.constraints import ROOT, ItemTrie
+from engines.bounded.kernels.constraints import ROOT
 from engines.bounded.model.families import read_model_config
 from engines.bounded.model.precision import PrecisionPolicy
 from engines.bounded.plan import BeamPlan
 from engines.bounded.programs.beam import BeamDecodeStep, BeamPrefill
 from engines.bounded.runtime import export
+from engines.bounded.runtime.beam_batch import BeamBatch, BeamJob, BeamOutput, BeamState
 from engines.bounded.runtime.buffers import BeamBuffers
 from engines.bounded.runtime.compiled import CompiledRuntime, Graph
 from engines.bounded.runtime.graphs import Backend, CudaBackend, GraphSet
-
-@dataclass(frozen=True)
-class BeamJob:
-    """One request as the runtime sees it."""
-
-    prompt: Sequence[int]
-    width: int
-    steps: int
-    trie: Optional[ItemTrie] = None
-    id: str = ""
-
-
-@dataclass
-class BeamOutput:
-    tokens: list[list[int]]  # generated tokens of each beam, best first
-    scores: list[float]  # cumulative log-probabilities, same order
-
-
-@dataclass
-class BeamState:
-    """The beams of a batch between steps: [R, W] each."""
-
-    scores: Tensor  # float32 cumulative log-probability, -inf for dead/padding rows
-    history: Tensor  # [R, W, S] int64 generated tokens so far
-    nodes: Tensor  # trie node per beam (constrained requests)
-    parents: Tensor  # row within the request of each beam's parent at the last step
-
-
-@dataclass
-class BeamBatch:
-    """One batch between the walk's moves: its jobs, the shapes chosen for it (once, at the
-    prefill), its device metadata and its beams."""
-
-    jobs: Sequence[BeamJob]
-    steps: int
-    width: int  # rows per request (the width bucket)
-    step_graph: Graph
-    rows: int  # requests a decode step runs for: R, or the captured requests bucket >= R
-    prompt_stride: int  # P of the prompt K/V layout: the longest prompt, or the plan's bound (graphs)
-    prompt_len: Tensor  # [rows] (padding requests: 1)
-    choice: select.Choice
-    row_base: Tensor  # [R, 1] first row of each request
-    hidden: Optional[Tensor] = None  # [R, hidden] after the prefill, for step 1
-    state: Optional[BeamState] = None
-
-    @property
-    def requests(self) -> int:
-        return len(self.jobs)
 
 
 class BeamRuntime(CompiledRuntime):
@@ -227,7 +177,7 @@ class BeamRuntime(CompiledRuntime):
             logp = self._head(batch.hidden)[:, None]  # [R, 1, V]: one live beam, the prompt
             cum = torch.zeros(r, 1, device=self.device)
             nodes = torch.full((r, 1), ROOT, dtype=torch.int64, device=self.device)
-            batch.state = self._select(batch, logp, cum, nodes, self._empty_state(batch), 0)
+            batch.state = self._select(batch, logp, cum, nodes, BeamState.empty(batch.requests, batch.width, batch.steps, self.device), 0)
             return batch
         logp = self._decode(batch, j - 1)
         batch.state = self._select(batch, logp, batch.state.scores, batch.state.nodes, batch.state, j - 1)
@@ -293,9 +243,3 @@ class BeamRuntime(CompiledRuntime):
         history = state.history.gather(1, parents[:, :, None].expand_as(state.history))
         history[:, :, t] = tokens
         return BeamState(scores, history, new_nodes, parents)
-
-    def _empty_state(self, batch: BeamBatch) -> BeamState:
-        r, w = batch.requests, batch.width
-        z = torch.zeros(r, w, dtype=torch.int64, device=self.device)
-        history = torch.zeros(r, w, batch.steps, dtype=torch.int64, device=self.device)
-        return BeamState(torch.full((r, w), -math.inf, device=self.device), history, z, z)

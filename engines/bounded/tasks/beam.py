@@ -16,7 +16,8 @@ from engines.bounded.kernels.constraints import ItemCodeError, TrieCache
 from engines.bounded.model.precision import PrecisionPolicy
 from engines.bounded.options import BoundedOptions
 from engines.bounded.plan import BeamPlan, Plan
-from engines.bounded.runtime.beam import BeamBatch, BeamJob, BeamRuntime
+from engines.bounded.runtime.beam import BeamRuntime
+from engines.bounded.runtime.beam_batch import BeamBatch, BeamJob
 from engines.bounded.tasks.base import Task
 from engines.bounded.tasks.batcher import Pending
 from engines.bounded.tasks.dag import Dag, Node

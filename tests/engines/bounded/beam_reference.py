@@ -10,7 +10,8 @@ import torch
 from engines.base import Bounds
 from engines.bounded.model.precision import PrecisionPolicy
 from engines.bounded.plan import BeamPlan
-from engines.bounded.runtime.beam import BeamJob, BeamOutput, BeamRuntime
+from engines.bounded.runtime.beam import BeamRuntime
+from engines.bounded.runtime.beam_batch import BeamJob, BeamOutput
 from engines.bounded.tasks.beam import BeamTask
 from engines.hf import allowed_trie
 from engines.tokens import eos_ids

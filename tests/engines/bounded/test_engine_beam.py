@@ -9,7 +9,7 @@ import pytest
 
 from engines.base import BeamRequest, BeamResult, Bounds, EngineConfig, RequestRejected
 from engines.bounded.engine import BoundedEngine
-from engines.bounded.runtime.beam import BeamOutput
+from engines.bounded.runtime.beam_batch import BeamOutput
 
 from .beam_reference import assert_same_beams, hf_beams
 from .conftest import VOCAB

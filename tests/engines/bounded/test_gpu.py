@@ -16,7 +16,7 @@ from engines import toolchain
 from engines.bounded.kernels import attention, dense
 from engines.bounded.model.precision import PrecisionPolicy
 from engines.bounded.plan import BeamPlan, PrefillPlan
-from engines.bounded.runtime.beam import BeamJob
+from engines.bounded.runtime.beam_batch import BeamJob
 from engines.bounded.runtime.buffers import pack
 from engines.bounded.runtime.prefill import PrefillRuntime
 from engines.bounded.runtime.staging import Staging

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engines.bounded.plan import BeamPlan
-from engines.bounded.runtime.beam import BeamJob
+from engines.bounded.runtime.beam_batch import BeamJob
 
 from ..beam_reference import runner
 from ..tasks.test_beam import _prompt

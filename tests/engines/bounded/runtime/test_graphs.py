@@ -13,7 +13,7 @@ from torch.utils._pytree import tree_leaves
 
 from engines.bounded.kernels.constraints import build_trie
 from engines.bounded.plan import BeamPlan
-from engines.bounded.runtime.beam import BeamJob
+from engines.bounded.runtime.beam_batch import BeamJob
 from engines.bounded.runtime.graphs import GraphSet
 
 from ..beam_reference import assert_same_beams, hf_beams, runner

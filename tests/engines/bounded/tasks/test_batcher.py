@@ -10,7 +10,7 @@ import pytest
 
 from engines.base import EngineError
 from engines.bounded.plan import BeamPlan, PrefillPlan
-from engines.bounded.runtime.beam import BeamJob
+from engines.bounded.runtime.beam_batch import BeamJob
 from engines.bounded.tasks.batcher import Batcher
 from engines.bounded.tasks.beam import BeamUsage
 from engines.bounded.tasks.prefill import PrefillUsage, ScoreItem

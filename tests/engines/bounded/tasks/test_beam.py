@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engines.bounded.kernels.constraints import build_trie
-from engines.bounded.runtime.beam import BeamJob
+from engines.bounded.runtime.beam_batch import BeamJob
 
 from ..beam_reference import assert_same_beams, hf_beams, overlap, runner
 from ..conftest import VOCAB
