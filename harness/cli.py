@@ -139,7 +139,8 @@ def _print_summary(result) -> None:
 
     beam = isinstance(result.scenario.task, BeamTask)
     codes = any(p.metrics.valid_code_rate == p.metrics.valid_code_rate for er in result.engines for p in er.points)
-    t = Table(title=f"{result.scenario.name} on {result.device} (peak {result.peak_tflops:.3g} TFLOP/s)")
+    which = "" if result.peaks.override is not None else f" {result.peaks.mfu_precision}"
+    t = Table(title=f"{result.scenario.name} on {result.device} (peak {result.peak_tflops:.3g} TFLOP/s{which})")
     cols = ["engine", "mode"] + (["cell"] if result.swept else []) + ["load", "ok/req", "mean ms", "p99 ms", "req/s",
                                                                        "beams/s" if beam else "items/s", "MFU"]
     for col in cols + (["valid codes", "recall"] if codes else []) + ["status"]:
@@ -239,7 +240,7 @@ def scenarios(folder: Path = typer.Argument(REPO / "scenarios", help="Folder of 
 
 
 @app.command()
-def doctor(measure: bool = typer.Option(False, help="Measure the CPU peak now (else show the cached value).")) -> None:
+def doctor(measure: bool = typer.Option(False, help="Measure the CPU's rates per precision now (else show the cached ones).")) -> None:
     """Versions, device, peak, and which engines can run here."""
     from harness.doctor import report
 
@@ -421,7 +422,10 @@ def compile(
     scenario: Path = typer.Argument(..., help="Scenario YAML file."),
     device: Optional[str] = typer.Option(None, help="cpu | cuda (default: the scenario's)."),
 ) -> None:
-    """Compile the bounded engine's graphs for SCENARIO ahead of time (cached on disk)."""
+    """Compile the bounded engine's graphs for SCENARIO ahead of time (cached on disk), and
+    judge each low-precision plan with the accuracy gate. With several bounded entries (e.g.
+    float and int8), each one; the status is then keyed by their labels."""
+    from engines.base import EngineUnavailable
     from engines.bounded.engine import BoundedEngine
     from harness.presets import resolve_model
     from harness.runner import engine_config
@@ -429,19 +433,31 @@ def compile(
     from harness.sweep import plan_cells
 
     sc = _scenario(scenario, engines=["bounded"], device=device)
-    spec = next((e for e in sc.engines if e.name == "bounded"), EngineSpec(name="bounded"))
     log = lambda m: console.print(m, highlight=False, markup=False)  # noqa: E731
+    specs = [e for e in sc.engines if e.name == "bounded"] or [EngineSpec(name="bounded")]
     dev = device or sc.device
     cells = plan_cells(sc, sc.load, dev, log=log).cells
     model_dir = resolve_model(sc.model, log)
-    done, statuses = set(), []
-    for cell in cells:  # a sweep: each cell's bounds (engines are sized per cell)
-        if cell.bounds not in done:
+    status, refused = {}, []
+    for spec in specs:
+        done, statuses = set(), []
+        for cell in cells:  # a sweep: each cell's bounds (engines are sized per cell)
+            if cell.bounds in done:
+                continue
             done.add(cell.bounds)
             if cell.label:
-                log(f"cell {cell.label}:")
-            statuses.append(BoundedEngine(engine_config(cell.scenario, spec, model_dir, dev, cell.bounds)).compile())
-    out.print_json(data=statuses[0] if len(statuses) == 1 else statuses, default=str)
+                log(f"{spec.title}, cell {cell.label}:")
+            try:
+                statuses.append(BoundedEngine(engine_config(cell.scenario, spec, model_dir, dev, cell.bounds)).compile())
+            except EngineUnavailable as e:  # the accuracy gate refused the plan (or it cannot run here)
+                statuses.append({"refused": str(e)})
+                refused.append(f"{spec.title}{f' ({cell.label})' if cell.label else ''}: {e}")
+        status[spec.title] = statuses[0] if len(statuses) == 1 else statuses
+    out.print_json(data=status if len(specs) > 1 else status[specs[0].title], default=str)
+    for r in refused:
+        console.print("[red]error:[/red] " + escape(r), highlight=False)
+    if refused:
+        raise typer.Exit(1)
 
 
 sglang_app = typer.Typer(help="Manage the SGLang environment (kept apart from this project's own).",

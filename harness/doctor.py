@@ -19,27 +19,20 @@ def _version(pkg: str) -> str:
 
 def report(measure: bool = False) -> Iterator[tuple[str, str]]:
     import harness
-    from harness.peak import _cpu_name, cpu_peak_tflops, gpu_peak_tflops
     from harness.presets import cache_root
 
     yield "bounded-bench", harness.__version__
     yield "python", platform.python_version()
     for pkg in ("torch", "transformers", "pydantic", "httpx"):
         yield pkg, _version(pkg)
-    yield "cpu", _cpu_name()
     import torch
 
     yield "torch threads", str(torch.get_num_threads())
-    if torch.cuda.is_available():
-        name = torch.cuda.get_device_name(0)
-        yield "gpu", f"{name} (peak {gpu_peak_tflops(name) or 'unknown'} TFLOP/s bf16)"
-    else:
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for device in devices:
+        yield from device_lines(device, measure)
+    if not torch.cuda.is_available():
         yield "gpu", "none"
-    peak_file = cache_root() / "peak.json"
-    if measure or peak_file.exists():
-        yield "cpu peak", f"{cpu_peak_tflops('bfloat16', refresh=measure) * 1e3:.0f} GFLOP/s bf16 (cached in {peak_file})"
-    else:
-        yield "cpu peak", "not measured yet (bench doctor --measure, or the first bench run)"
     yield "cache", str(cache_root())
     for device in ("cpu", *(["cuda"] if torch.cuda.is_available() else [])):
         yield from toolchain_lines(device)
@@ -54,6 +47,43 @@ def toolchain_lines(device: str) -> Iterator[tuple[str, str]]:
 
     for c in toolchain.check(device):
         yield f"aot {device} {c.name}", ("ok: " if c.ok else "MISSING: ") + c.detail
+
+
+def device_lines(device: str, measure: bool, caps=None) -> Iterator[tuple[str, str]]:
+    """The ISA facts that decide precision, and every rate per precision (measured on a CPU
+    only with --measure or when a run measured them before; a table on a GPU)."""
+    from engines.hardware import FLOAT_DTYPES, probe
+    from harness.peak import PRECISIONS, cpu_peaks, device_peaks, is_cached
+
+    caps = caps or probe(device)
+    facts = caps.facts()
+    yield device, caps.name
+    if caps.device_type == "cuda":
+        yield f"{device} isa", f"compute capability {facts['compute_capability']}"
+    else:
+        yield f"{device} isa", ", ".join(f"{f} {'yes' if f in caps.flags else 'no'}" for f in _SHOWN_FLAGS)
+    native = ", ".join(d for d, ok in facts["native"].items() if ok)
+    yield f"{device} native", f"{native}; int8: {caps.int8_isa or 'none'}; fp8: {'yes' if caps.fp8 else 'no'}"
+    if caps.device_type == "cpu" and not (measure or is_cached(caps)):
+        yield f"{device} peak", "not measured yet (bench doctor --measure, or the first bench run)"
+        return
+    try:
+        peaks = cpu_peaks(caps, refresh=measure) if caps.device_type == "cpu" else device_peaks(device, caps=caps)
+    except ValueError as e:  # a GPU the table does not know
+        yield f"{device} peak", str(e)
+        return
+    for prec in (*PRECISIONS, "float8"):
+        if prec in peaks.rates:
+            unit = "GOP/s" if prec in ("int8", "float8") else "GFLOP/s"
+            mark = "  <- MFU denominator" if prec == peaks.mfu_precision else ""
+            mark += " (emulated)" if prec in FLOAT_DTYPES and not caps.native(prec) else ""
+            yield f"{device} {prec}", f"{peaks.rates[prec] * 1e3:,.0f} {unit}{mark}"
+        elif prec != "float8":
+            yield f"{device} {prec}", "not native here, not measured" if prec == "float16" else "none"
+    yield f"{device} peak", peaks.source
+
+
+_SHOWN_FLAGS = ("avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")
 
 
 def _engine_status(name: str) -> str:

@@ -105,7 +105,7 @@ class RunContext:
 def engine_config(scenario: Scenario, spec: EngineSpec, model_dir: str, device: str,
                   bounds: Bounds | None = None) -> EngineConfig:
     """An engine's config for the scenario, sized by `bounds` (default: the unswept scenario's)."""
-    return EngineConfig(Path(model_dir), scenario.dtype, device, bounds or scenario_bounds(scenario),
+    return EngineConfig(Path(model_dir), spec.dtype or scenario.dtype, device, bounds or scenario_bounds(scenario),
                         scenario.task.kind, spec.options)
 
 

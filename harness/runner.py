@@ -43,8 +43,7 @@ class RunResult:
     scenario: Scenario
     model_dir: str
     device: str
-    peak_tflops: float
-    peak_source: str
+    peaks: Any  # harness.peak.Peaks: the rates per precision and the MFU denominator
     notes: list[str] = field(default_factory=list)
     engines: list[EngineRun] = field(default_factory=list)
     interrupted: bool = False
@@ -55,9 +54,18 @@ class RunResult:
         return self.plan.swept
 
     @property
+    def peak_tflops(self) -> float:
+        return self.peaks.mfu_tflops
+
+    @property
+    def peak_source(self) -> str:
+        return self.peaks.why()
+
+    @property
     def warnings(self) -> list[str]:
         out = []
         for er in self.engines:
+            out += emulation_warnings(er, self.peaks)
             out += er.warnings()
         few = [p.metrics.ok for er in self.engines for p in er.points if p.metrics.p99_estimate and p.metrics.ok]
         if few:
@@ -72,6 +80,20 @@ class RunResult:
 
 
 FLAGS = {"requests": "--requests", "duration_s": "--duration", "concurrency": "--concurrency", "rate": "--rate"}
+
+
+def compute_dtype(describe: dict[str, Any]) -> str | None:
+    """The dtype an engine's GEMMs run in, from its describe(): `compute_dtype` where the
+    engine chose one itself (the bounded engine's precision policy), else its `dtype`."""
+    return describe.get("compute_dtype") or describe.get("dtype")
+
+
+def emulation_warnings(er: "EngineRun", peaks: Any) -> list[str]:
+    if not er.describe or not er.computes:
+        return []
+    dtype = compute_dtype(er.describe)
+    why = peaks.emulated(dtype) if dtype else None
+    return [f"{er.name}: computes in {dtype}, which this device emulates: {why}"] if why else []
 
 
 def effective_load(scenario: Scenario, ov: Overrides, device: str, log: Callable[[str], None]):
@@ -127,18 +149,16 @@ def run_scenario(scenario: Scenario, ov: Overrides, *, base_dir: Path | None = N
     plan = plan_cells(scenario, load, device, ov.sweep, note)
     model_dir = resolve_model(scenario.model, log)
     shape = model_shape(model_dir)
-    if ov.peak_tflops is not None:
-        peak, source = ov.peak_tflops, "given on the command line"
-    else:
-        from harness.peak import peak_tflops
+    from harness.peak import device_peaks
 
-        log("measuring the device's peak (cached after the first time) ...")
-        peak, source = peak_tflops(device, scenario.dtype)
-    result = RunResult(scenario, model_dir, device, peak, source, notes, plan=plan)
+    if ov.peak_tflops is None:
+        log("measuring the device's peak rates per precision (cached after the first time) ...")
+    peaks = device_peaks(device, override=ov.peak_tflops)
+    result = RunResult(scenario, model_dir, device, peaks, notes, plan=plan)
     if plan.swept:
         log(f"sweep: {len(plan.cells)} cells ({'; '.join(c.label for c in plan.cells)}) x {len(load_mode(load).levels(load))} "
             f"load point(s); engines sized {'per cell' if plan.sizing == 'cell' else 'for the largest cell'}")
-    ctx = RunContext(model_dir, device, load, shape, peak, CellWorkloads(load_tokenizer(model_dir), base_dir),
+    ctx = RunContext(model_dir, device, load, shape, peaks.mfu_tflops, CellWorkloads(load_tokenizer(model_dir), base_dir),
                      log, progress or no_progress, scenario.slo if ov.find_max_qps else None)
     try:
         for spec in select_engines(scenario, ov.engines):
@@ -153,7 +173,6 @@ def run_scenario(scenario: Scenario, ov: Overrides, *, base_dir: Path | None = N
         log("interrupted: keeping what was measured")
     attach_recall(result.engines)
     return result
-
 
 
 def model_shape(model: str) -> ModelShape:

@@ -300,8 +300,9 @@ class Slo(_Strict):
 
 class EngineSpec(_Strict):
     """An engine entry: its name, an optional `label` (how tables and reports call it, so one
-    engine may be listed twice with different options), and engine-specific options (checked
-    against the engine's own schema by harness.preflight)."""
+    engine may be listed twice with different options), an optional `dtype` for this engine
+    alone (e.g. a float32 transformers reference beside bf16 engines), and engine-specific
+    options (checked against the engine's own schema by harness.preflight)."""
 
     model_config = ConfigDict(extra="allow", frozen=True, strict=True)
     name: str
@@ -309,6 +310,7 @@ class EngineSpec(_Strict):
     # beam search with item codes: send this engine the requests without their codes (for
     # engines that cannot constrain beams) and report the share of its beams that are codes
     unconstrained: bool = False
+    dtype: Literal["bfloat16", "float32", "float16"] | None = None
 
     @field_validator("name")
     @classmethod

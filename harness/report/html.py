@@ -172,16 +172,43 @@ def figures(run: RunFiles) -> list[dict[str, str]]:
     return [{"title": t, "png": p, "caption": c} for t, p, c in figs if p]
 
 
+def precision_label(describe: dict[str, Any]) -> str:
+    """An engine's precision in a few words, from its describe(): the bounded engine's policy
+    summary, else the dtype it computes in."""
+    p = describe.get("precision")
+    if isinstance(p, dict) and p.get("summary"):
+        gates = p.get("accuracy_gate")
+        failed = [v for v in gates.values() if isinstance(v, dict) and not v.get("passed")] \
+            if isinstance(gates, dict) else []
+        return str(p["summary"]) + (" (accuracy gate: further from float32 than bf16, accepted)" if failed else "")
+    return str(describe.get("compute_dtype") or describe.get("dtype") or "?")
+
+
+def precisions(run: RunFiles) -> dict[str, str]:
+    return {e["name"]: precision_label(e.get("describe") or {}) for e in run.run.get("engines", [])}
+
+
 def agreement_rows(run: RunFiles, baseline: str | None) -> list[dict[str, Any]]:
     if baseline not in run.outputs:
         return []
-    rows = []
+    rows, prec = [], precisions(run)
     for eng in run.measured_engines:
         if eng != baseline and eng in run.outputs:
             a = agreement(run.outputs[baseline], run.outputs[eng])
             if a:
-                rows.append({"engine": eng, "vs": baseline, **a})
+                rows.append({"engine": eng, "vs": baseline, "precision": prec.get(eng, "?"), **a})
     return rows
+
+
+def peak_view(peak: dict[str, Any]) -> dict[str, Any]:
+    """The peak used and why, and every rate per precision (older run.json files hold only
+    the denominator and its source)."""
+    rates = peak.get("rates_tflops") or {}
+    return {"tflops": peak.get("tflops"), "why": peak.get("why") or peak.get("source", ""),
+            "rates": [{"precision": p, "tflops": r, "unit": "TOP/s" if p == "int8" else "TFLOP/s",
+                       "used": p == peak.get("precision") and "command line" not in (peak.get("why") or "")}
+                      for p, r in rates.items()],
+            "capabilities": peak.get("capabilities") or {}}
 
 
 def search_rows(run: RunFiles, baseline: str | None) -> list[dict[str, Any]]:
@@ -205,7 +232,8 @@ def run_view(run: RunFiles, baseline: str | None, tag: str = "") -> dict[str, An
             "swept": run.swept, "beam": has("beams_per_s"), "codes": has("valid_code_rate"),
             "failed_cells": int((run.sweep["status"] == "failed").sum()),
             "scenario_text": sc.get("text", ""), "baseline": base, "rows": summary_rows(run, base),
-            "figures": figures(run), "agreement": agreement_rows(run, base), "search": search_rows(run, base),
+            "figures": figures(run), "agreement": agreement_rows(run, base),
+            "baseline_precision": precisions(run).get(base, "?"), "peak": peak_view(run.run.get("peak") or {}), "search": search_rows(run, base),
             "warnings": list(run.run.get("warnings") or []), "notes": notes(run, note)}
 
 

@@ -161,3 +161,49 @@ def test_summary_shows_an_engine_that_fell_back(tmp_path, monkeypatch):
     text = " ".join(res.output.split())
     assert "eager (AOT failed)" in text
     assert "fallback does not serve as asked: prefill_only: ToolchainMissing: AOT toolchain for cuda" in text
+
+
+def test_run_on_a_cpu_without_native_bf16_uses_the_fp32_peak_and_warns(tmp_path, monkeypatch):
+    import harness.peak as peak
+    from tests.engines.test_hardware import ICE_LAKE
+    from tests.harness.test_peak import ICE_LAKE_RATES
+
+    monkeypatch.setattr(peak, "cache_root", lambda: tmp_path)
+    monkeypatch.setattr(peak, "probe", lambda device: ICE_LAKE)
+    monkeypatch.setattr(peak, "measure_cpu", lambda caps: ICE_LAKE_RATES)
+    out, bf16 = tmp_path / "run", tmp_path / "smoke_prefill_bf16.yaml"
+    bf16.write_text((SCENARIOS / "smoke_prefill.yaml").read_text().replace("dtype: float32", "dtype: bfloat16"))
+    res = CliRunner().invoke(app, ["run", str(bf16), "--engine", "hf", "--engine", "noop",
+                                   "--requests", "2", "--concurrency", "1", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    printed = " ".join(res.output.split())  # rich wraps long lines
+    assert "hf: computes in bfloat16, which this device emulates" in printed
+    assert "noop: computes" not in printed
+    run = json.loads((out / "run.json").read_text())
+    assert run["peak"]["tflops"] == 0.32 and run["peak"]["precision"] == "float32"
+    assert run["peak"]["rates_tflops"]["int8"] == 1.07 and run["hardware"]["native"]["bfloat16"] is False
+    assert {float(r["peak_tflops"]) for r in csv.DictReader(open(out / "results.csv")) if r["engine"] == "hf"} == {0.32}
+    html = (out / "report.html").read_text()
+    assert "MFU denominator" in html and "which this device emulates" in html
+    assert "the best measured float rate: float32" in html
+
+
+def test_doctor_lists_isa_flags_and_rates(tmp_path, monkeypatch):
+    from harness.doctor import device_lines
+    from harness.peak import cpu_peaks
+    from tests.engines.test_hardware import ICE_LAKE, ZEN4
+    from tests.harness.test_peak import ICE_LAKE_RATES
+
+    monkeypatch.setenv("BOUNDED_BENCH_CACHE", str(tmp_path))
+    lines = dict(device_lines("cpu", False, caps=ICE_LAKE))
+    assert "avx512_bf16 no" in lines["cpu isa"] and "avx512_vnni yes" in lines["cpu isa"]
+    assert lines["cpu native"].startswith("float32;") and "int8: avx512_vnni" in lines["cpu native"]
+    assert "not measured" in lines["cpu peak"]
+    cpu_peaks(ICE_LAKE, measure=lambda caps: ICE_LAKE_RATES)
+    lines = dict(device_lines("cpu", False, caps=ICE_LAKE))
+    assert lines["cpu float32"] == "320 GFLOP/s  <- MFU denominator"
+    assert lines["cpu bfloat16"] == "64 GFLOP/s (emulated)" and lines["cpu int8"] == "1,070 GOP/s"
+    assert lines["cpu float16"] == "not native here, not measured"
+    zen4 = dict(device_lines("cpu", False, caps=ZEN4))  # not measured yet: says so, measures nothing
+    assert "avx512_bf16 yes" in zen4["cpu isa"] and zen4["cpu native"].startswith("float32, bfloat16;")
+    assert "not measured" in zen4["cpu peak"]

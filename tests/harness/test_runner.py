@@ -41,3 +41,29 @@ def test_load_points_never_repeat_a_request(tokenizer):
     ids = [[r.item.request.id for r in p.records] for p in points]
     assert len(ids) == 2 and all(len(x) == 7 for x in ids)  # 2 warm-up + 5 each
     assert not set(ids[0]) & set(ids[1])
+
+
+def _run_with(peaks, describes):
+    from harness.runner import EngineRun, RunResult
+
+    sc = load_scenario(SCENARIOS / "smoke_prefill.yaml")
+    result = RunResult(sc, "m", "cpu", peaks)
+    for name, d in describes.items():
+        result.engines.append(EngineRun(name, describe=d, computes=name != "noop"))
+    return result
+
+
+def test_engines_computing_in_an_emulated_dtype_are_warned_about(tmp_path, monkeypatch):
+    from harness.peak import cpu_peaks
+    from tests.engines.test_hardware import ICE_LAKE, ZEN4
+    from tests.harness.test_peak import ICE_LAKE_RATES, ZEN4_RATES
+
+    monkeypatch.setenv("BOUNDED_BENCH_CACHE", str(tmp_path))
+    engines = {"hf": {"dtype": "bfloat16"}, "bounded": {"dtype": "bfloat16", "compute_dtype": "float32"},
+               "noop": {"dtype": "bfloat16"}, "fp32": {"dtype": "float32"}}
+    ice = _run_with(cpu_peaks(ICE_LAKE, measure=lambda c: ICE_LAKE_RATES), engines)
+    assert ice.peak_tflops == 0.32
+    warned = [w for w in ice.warnings if "emulates" in w]
+    assert len(warned) == 1 and warned[0].startswith("hf: computes in bfloat16") and "float32" in warned[0]
+    zen = _run_with(cpu_peaks(ZEN4, measure=lambda c: ZEN4_RATES), engines)
+    assert zen.peak_tflops == 0.44 and not [w for w in zen.warnings if "emulates" in w]

@@ -137,3 +137,16 @@ def test_slo_search_rows_and_report(tmp_path, monkeypatch):
     html = (out / "report.html").read_text()
     assert 'id="slo-search"' in html and "SLO search probes" not in html  # title is inside the PNG
     assert "max rate under the SLO" in res.output
+
+
+def test_precision_label_beside_agreement():
+    from harness.report.html import precision_label
+
+    assert precision_label({"dtype": "bfloat16"}) == "bfloat16"
+    assert precision_label({"dtype": "bfloat16", "compute_dtype": "float32"}) == "float32"
+    passed = {"summary": "bfloat16 + int8 [down]", "accuracy_gate": {"prefill_only": {"passed": True}}}
+    assert precision_label({"dtype": "bfloat16", "precision": passed}) == "bfloat16 + int8 [down]"
+    refused = {**passed, "accuracy_gate": {"prefill_only": {"passed": False, "accepted": True}}}
+    assert precision_label({"precision": refused}).endswith("(accuracy gate: further from float32 than bf16, accepted)")
+    dense = {"summary": "bfloat16", "accuracy_gate": "not needed: no low-precision GEMM group"}
+    assert precision_label({"precision": dense}) == "bfloat16"

@@ -1,0 +1,99 @@
+"""What a device computes natively: the ISA facts that decide precision (CPU flags, CUDA
+compute capability), read by `probe` and passed around as a frozen `Capabilities`, so tests
+inject the CPU they need (one with native bf16, one without) instead of the one they run on.
+
+Pitfall (DESIGN.md 7): on a CPU without AVX512-BF16, `torch.ops.mkldnn._is_mkldnn_bf16_supported()`
+answers True and `torch.backends.cpu.get_cpu_capability()` says only "AVX512": neither
+tells native from emulated bf16, so the CPU's flags are read instead.
+"""
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+# the CPU flags (as /proc/cpuinfo spells them) that decide which precisions run natively
+PRECISION_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "avx_vnni",
+                   "amx_tile", "amx_bf16", "amx_fp16", "amx_int8")
+FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    device_type: str  # "cpu" | "cuda"
+    name: str
+    flags: frozenset[str] = frozenset()  # CPU: the PRECISION_FLAGS present
+    compute_capability: tuple[int, int] | None = None  # CUDA
+
+    def native(self, dtype: str) -> bool:
+        """Does the device run dense GEMMs in `dtype` in hardware (not converted to float32)?"""
+        if dtype == "float32":
+            return True
+        if self.device_type == "cuda":
+            cc = self.compute_capability or (0, 0)
+            return {"bfloat16": cc >= (8, 0), "float16": cc >= (7, 0)}.get(dtype, False)
+        need = {"bfloat16": ("avx512_bf16", "amx_bf16"), "float16": ("avx512_fp16", "amx_fp16")}.get(dtype, ())
+        return any(f in self.flags for f in need)
+
+    @property
+    def int8_isa(self) -> str | None:
+        """The int8 dot-product instructions int8 GEMMs run on, best first; None: none."""
+        if self.device_type == "cuda":
+            cc = self.compute_capability or (0, 0)
+            return "int8 tensor cores" if cc >= (7, 5) else None
+        for flag in ("amx_int8", "avx512_vnni", "avx_vnni"):
+            if flag in self.flags:
+                return flag
+        return None
+
+    @property
+    def fp8(self) -> bool:
+        return self.device_type == "cuda" and (self.compute_capability or (0, 0)) >= (8, 9)
+
+    def facts(self) -> dict[str, object]:
+        """For run.json and `bench doctor`."""
+        out: dict[str, object] = {"device": self.device_type, "name": self.name,
+                                  "native": {d: self.native(d) for d in FLOAT_DTYPES},
+                                  "int8": self.int8_isa, "fp8": self.fp8}
+        if self.device_type == "cuda":
+            out["compute_capability"] = ".".join(map(str, self.compute_capability or ()))
+        else:
+            out["flags"] = sorted(self.flags)
+        return out
+
+    def key(self) -> str:
+        """What a cached measurement of this device depends on besides its name."""
+        if self.device_type == "cuda":
+            return f"sm{''.join(map(str, self.compute_capability or ()))}"
+        return ",".join(sorted(self.flags)) or "no precision flags"
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
+def cpu_flags() -> frozenset[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return frozenset(line.split(":", 1)[1].split()) & frozenset(PRECISION_FLAGS)
+    except OSError:
+        pass
+    return frozenset()
+
+
+def probe(device: str = "cpu") -> Capabilities:
+    """The capabilities of `device` ("cpu", "cuda", "cuda:N") on this machine."""
+    if device.startswith("cuda"):
+        import torch
+
+        dev = torch.device(device)
+        return Capabilities("cuda", torch.cuda.get_device_name(dev),
+                            compute_capability=tuple(torch.cuda.get_device_capability(dev)))
+    return Capabilities("cpu", cpu_name(), cpu_flags())

@@ -1,0 +1,97 @@
+"""Peaks per precision and the MFU denominator, for each kind of device (capabilities and
+rates injected), the cache, and the real measurement on this machine at small sizes."""
+import json
+
+import pytest
+import torch
+
+import harness.peak as peak
+from engines.hardware import Capabilities
+from harness.peak import Peaks, cpu_peaks, device_peaks, gpu_rates
+from tests.engines.test_hardware import ICE_LAKE, ZEN4
+
+# rates (TFLOP/s) as DESIGN.md 7 measured them on the two CPUs of this kind of machine
+ICE_LAKE_RATES = {"float32": {"s": 0.32}, "bfloat16": {"s": 0.064}, "int8": {"s": 1.07}}
+ZEN4_RATES = {"float32": {"s": 0.20}, "bfloat16": {"s": 0.44}, "int8": {"s": 0.80}}
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("BOUNDED_BENCH_CACHE", str(tmp_path))
+    return tmp_path / "peaks.json"
+
+
+def test_without_native_bf16_the_denominator_is_fp32_and_bf16_is_emulated(cache):
+    p = cpu_peaks(ICE_LAKE, measure=lambda caps: ICE_LAKE_RATES)
+    assert p.mfu_precision == "float32" and p.mfu_tflops == 0.32
+    assert p.rates["int8"] == 1.07  # reported beside, never the denominator
+    why = p.emulated("bfloat16")
+    assert "no AVX512-BF16" in why and "float32 runs natively at 320 GFLOP/s" in why
+    assert p.emulated("float32") is None
+    assert "float32" in p.why() and "320" in p.why()
+
+
+def test_with_native_bf16_the_denominator_is_bf16_and_nothing_warns(cache):
+    p = cpu_peaks(ZEN4, measure=lambda caps: ZEN4_RATES)
+    assert p.mfu_precision == "bfloat16" and p.mfu_tflops == 0.44
+    assert p.emulated("bfloat16") is None and p.emulated("float32") is None
+    assert "no AVX512-FP16" in p.emulated("float16")  # no native fp16 on Zen4: not measured, still named
+
+
+def test_rates_are_cached_per_cpu_flags_torch_and_threads(cache, monkeypatch):
+    calls = []
+    measure = lambda caps: calls.append(caps) or ZEN4_RATES  # noqa: E731
+    cpu_peaks(ZEN4, measure=measure)
+    cpu_peaks(ZEN4, measure=measure)
+    assert len(calls) == 1
+    cpu_peaks(Capabilities("cpu", ZEN4.name, ICE_LAKE.flags), measure=lambda caps: ICE_LAKE_RATES)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 97)
+    cpu_peaks(ZEN4, measure=measure)
+    assert len(calls) == 2 and len(json.loads(cache.read_text())) == 3
+    cpu_peaks(ZEN4, refresh=True, measure=measure)
+    assert len(calls) == 3
+
+
+def test_gpu_rates_from_the_table_without_tf32():
+    h200 = Capabilities("cuda", "NVIDIA H200", compute_capability=(9, 0))
+    r = gpu_rates(h200.name, h200)
+    assert r == {"float32": 67.0, "float16": 989.0, "bfloat16": 989.0, "int8": 1978.0, "float8": 1978.0}
+    p = device_peaks("cuda", caps=h200)
+    assert p.mfu_precision == "bfloat16" and p.mfu_tflops == 989.0 and p.emulated("bfloat16") is None
+    a100 = Capabilities("cuda", "NVIDIA A100-SXM4-80GB", compute_capability=(8, 0))
+    assert "float8" not in gpu_rates(a100.name, a100)
+    with pytest.raises(ValueError, match="--peak-tflops"):
+        device_peaks("cuda", caps=Capabilities("cuda", "Mystery GPU", compute_capability=(9, 0)))
+
+
+def test_override_replaces_the_denominator_only():
+    p = device_peaks("cpu", caps=ICE_LAKE, override=0.5)
+    assert p.mfu_tflops == 0.5 and "command line" in p.why()
+    assert "no AVX512-BF16" in p.emulated("bfloat16")  # the ISA facts still say so
+    assert p.to_json()["capabilities"]["native"]["bfloat16"] is False
+
+
+def test_preset_gemm_shapes_are_measured():
+    shapes = peak.gemm_shapes()
+    assert shapes["qwen3-0.6b gate_up, 1440 tokens"] == (1440, 1024, 6144)
+    assert shapes["qwen2.5-0.5b down, 100 beams"] == (100, 4864, 896)
+
+
+def test_int8_kernel_matches_integer_reference():
+    torch.manual_seed(0)
+    x, w = torch.randint(-127, 128, (8, 64), dtype=torch.int8), torch.randint(-127, 128, (16, 64), dtype=torch.int8)
+    y = peak.int8_linear(x, w)()
+    assert torch.equal(y.float(), (x.long() @ w.long().t()).float())
+
+
+def test_real_measurement_on_this_cpu(cache, monkeypatch):
+    from engines.hardware import probe
+
+    monkeypatch.setattr(peak, "gemm_shapes", lambda: {"small": (64, 128, 256), "tall": (256, 64, 128)})
+    caps = probe("cpu")
+    p = cpu_peaks(caps)
+    assert set(p.rates) >= {"float32", "bfloat16"} and all(r > 0 for r in p.rates.values())
+    assert ("float16" in p.rates) == caps.native("float16")
+    assert ("int8" in p.rates) == (caps.int8_isa is not None)
+    assert set(p.by_shape["float32"]) == {"small", "tall"}
+    assert p.mfu_tflops == max(r for d, r in p.rates.items() if d != "int8")
