@@ -40,7 +40,8 @@ def variants(scenario: dict) -> list[dict]:
     out = [{"name": "hf"}, {"name": "bounded", "label": "bounded-eager", "compile": "eager"},
            {"name": "bounded", "label": "bounded-aot", "compile": "aot"}]
     if scenario["dtype"] == "bfloat16":
-        out.append({"name": "bounded", "label": "bounded-fp8", "compile": "aot", "fp8": FP8_GROUPS})
+        # the accuracy gate judges the fp8 plan (run.json holds its verdict); measured either way
+        out.append({"name": "bounded", "label": "bounded-fp8", "compile": "aot", "fp8": FP8_GROUPS, "gate": "accept"})
     return out
 
 

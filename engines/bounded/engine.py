@@ -9,6 +9,7 @@ task's batch-scope nodes in the model thread (shared by the tasks).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,13 +20,15 @@ import torch
 import engines.bounded as pkg
 from engines.base import Engine, EngineConfig, EngineError, EngineUnavailable, Request, RequestRejected, Result
 from engines.bounded.model.families import read_model_config
-from engines.bounded.model.precision import GEMM_GROUPS, PrecisionPolicy
+from engines.bounded.model.precision import PrecisionPolicy, choose_dtype
 from engines.bounded.options import BoundedOptions, OptionError
 from engines.bounded.plan import plan
 from engines.bounded.tasks.base import Task
 from engines.bounded.tasks.batcher import Batcher, Pending
+from engines.bounded.tasks import gate
 from engines.bounded.tasks.beam import BeamTask
 from engines.bounded.tasks.prefill import PrefillTask
+from engines.hardware import probe
 
 # the task kinds this engine serves, by name (a new kind is a Task subclass and a line here)
 TASKS: dict[str, type[Task]] = {PrefillTask.kind: PrefillTask, BeamTask.kind: BeamTask}
@@ -35,19 +38,25 @@ def _log(msg: str) -> None:
     print(f"[bounded] {msg}", file=sys.stderr, flush=True)
 
 
+def policy_for(config: EngineConfig, options: BoundedOptions) -> PrecisionPolicy:
+    """The precision policy for the scenario's dtype, the options and this device."""
+    dtype, why = choose_dtype(config.dtype, options.precision, probe(config.device))
+    return PrecisionPolicy(dtype, options.residual, options.gemm_kinds(), requested=config.dtype, why=why)
+
+
 class BoundedEngine(Engine):
     name = "bounded"
 
     def __init__(self, config: EngineConfig):
         super().__init__(config)
         self.options = BoundedOptions.parse(config.options)
-        self.policy = PrecisionPolicy(config.dtype, self.options.residual,
-                                      {g: "fp8" if g in self.options.fp8 else "dense" for g in GEMM_GROUPS})
+        self.policy = policy_for(config, self.options)
         self.plan = plan(config.bounds, self.options)
         kinds = list(TASKS) if config.task_kind is None else [config.task_kind]
         self.tasks: dict[str, Task] = {k: TASKS[k].create(config, self.policy, self.plan, self.options, _log)
                                        for k in kinds}
         self.stats = {"requests": 0, "batches": 0, "largest_batch": 0}
+        self.gates: dict[str, dict[str, Any]] = {}  # task kind -> the accuracy gate's verdict
         self._batchers: dict[str, Batcher] = {}
         self._started = False
 
@@ -67,32 +76,59 @@ class BoundedEngine(Engine):
         dev = torch.device(config.device)
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise EngineUnavailable("bounded: device cuda requested but torch sees no GPU")
-        if opts.fp8 and not (dev.type == "cuda" and torch.cuda.get_device_capability(dev) >= (8, 9)):
-            raise EngineUnavailable("bounded: fp8 GEMMs need a CUDA GPU with compute capability >= 8.9")
-        if opts.fp8 and config.dtype != "bfloat16":
+        why = policy_for(config, opts).unsupported(dev.type, probe(config.device))
+        if why:
+            raise EngineUnavailable(f"bounded: {why}")
+        if opts.fp8 and policy_for(config, opts).dtype != "bfloat16":
             raise EngineUnavailable(f"bounded: fp8 GEMMs with rowwise scales give bfloat16 results; dtype is "
                                     f"{config.dtype} (use bfloat16)")
 
     # --- lifecycle ----------------------------------------------------------------------
 
     def compile(self) -> dict[str, Any]:
-        """Compile (or find in the cache) the AOT packages of every served task, without
-        serving: what `bench compile` calls. -> {task kind: its runtime's status}."""
+        """Compile (or find in the cache) the AOT packages of every served task, and judge a
+        low-precision plan with the accuracy gate, without serving: what `bench compile`
+        calls. -> {task kind: its runtime's status (and the gate's verdict)}."""
         read_model_config(self.config.model_dir)  # fail early on an unknown family
-        return {kind: task.compile() for kind, task in self.tasks.items()}
+        status = {kind: task.compile() for kind, task in self.tasks.items()}
+        if any(self._judged(task) for task in self.tasks.values()):
+            tokenizer = self._tokenizer()
+            for kind, task in self.tasks.items():
+                if self._judged(task):
+                    task.start(tokenizer, warm_up=False)
+                    status[kind]["accuracy_gate"] = self._gate(task, tokenizer)
+        return status
 
     def start(self) -> None:
-        from transformers import AutoTokenizer
-
         t0 = time.perf_counter()
         read_model_config(self.config.model_dir)
-        tokenizer = AutoTokenizer.from_pretrained(str(self.config.model_dir))
+        tokenizer = self._tokenizer()
         for task in self.tasks.values():
             task.start(tokenizer)
+            if self._judged(task):
+                self.gates[task.kind] = self._gate(task, tokenizer)
         self._model_pool = ThreadPoolExecutor(1, thread_name_prefix="bounded-model")
         self._text_pool = ThreadPoolExecutor(1, thread_name_prefix="bounded-text")
         self._started = True
         self.start_s = time.perf_counter() - t0
+
+    def _tokenizer(self) -> Any:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(self.config.model_dir))
+
+    def _judged(self, task: Task) -> bool:
+        """Does the accuracy gate judge this task's plan (a low-precision group it runs)?"""
+        return bool(self.policy.low_precision_groups(task.gemm_groups))
+
+    def _gate(self, task: Task, tokenizer: Any) -> dict[str, Any]:
+        def reference(policy: PrecisionPolicy) -> Task:  # the same task, eager, in a float policy
+            eager = dataclasses.replace(self.options, compile="eager", cuda_graphs=False)
+            ref = TASKS[task.kind].create(self.config, policy, self.plan, eager, lambda m: None)
+            ref.start(tokenizer, warm_up=False)
+            return ref
+
+        return gate.check(task, reference, self.policy, self.options.gate, _log)
 
     def stop(self) -> None:
         for batcher in self._batchers.values():
@@ -111,7 +147,9 @@ class BoundedEngine(Engine):
             "torch": torch.__version__,
             "device": self.config.device,
             "dtype": self.config.dtype,
-            "precision": self.policy.describe(),
+            "compute_dtype": self.policy.dtype,
+            "precision": {**self.policy.describe(), "accuracy_gate": dict(self.gates) or "not needed: no "
+                          "low-precision GEMM group"},
             "compile_requested": self.options.compile,
             **self._mode(),
             "bounds": {"max_samples_per_request": b.max_samples_per_request,

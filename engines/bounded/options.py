@@ -6,9 +6,13 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from engines.bounded.kernels.attention import ATTENTIONS
-from engines.bounded.model.precision import DTYPES, GEMM_GROUPS
+from engines.bounded.model.precision import DTYPES, GEMM_GROUPS, LAYER_GROUPS, PRECISION_MODES
 
 COMPILE_MODES = ("aot", "eager")  # AOTInductor packages (cached), or the eager programs
+# the accuracy gate on a plan with int8/fp8 groups (tasks/gate.py): refuse it when it is further
+# from float32 than bf16 by the error or the decisions; decisions: judge the top labels /
+# top-W beams alone (the error is reported); accept: judge it, and serve it whatever the verdict
+GATE_MODES = ("refuse", "decisions", "accept")
 
 
 class OptionError(ValueError):
@@ -23,10 +27,17 @@ class BoundedOptions:
     max_batch_seqs: int = 0  # samples per call; 0: 8 x max_samples_per_request
     max_labels: int = 64  # distinct label ids per call
     max_batch_beams: int = 0  # beam rows per decode step (several requests' beams); 0: max(W, 512)
-    residual: str = "float32"  # dtype of the residual stream (bf16 GEMMs either way)
+    residual: str = "float32"  # dtype of the residual stream between layers
+    precision: str = "auto"  # dtype to compute in: auto (the scenario's where native, else float32) or a dtype
+    int8: tuple[str, ...] = ()  # GEMM groups to run as W8A8 int8 (CPU): qkv, o, gate_up, down, head
     fp8: tuple[str, ...] = ()  # GEMM groups to run in FP8 (CUDA, compute capability >= 8.9)
     prefill_attention: str = "auto"  # packed prefill attention: auto (the device's best), per_sequence, padded
     cuda_graphs: bool = True  # on a GPU: capture the beam decode steps as CUDA graphs at start
+    gate: str = "refuse"  # the accuracy gate's mode: GATE_MODES
+
+    def gemm_kinds(self) -> dict[str, str]:
+        """{group: GEMM kind} of the groups these options lower (the rest stay dense)."""
+        return {**{g: "int8" for g in self.int8}, **{g: "fp8" for g in self.fp8}}
 
     @classmethod
     def parse(cls, options: dict[str, Any]) -> "BoundedOptions":
@@ -36,8 +47,10 @@ class BoundedOptions:
             raise OptionError(f"unknown bounded-engine option(s) {', '.join(unknown)}; "
                               f"known options: {', '.join(known)}")
         values = dict(options)
-        if "fp8" in values:
-            values["fp8"] = tuple([values["fp8"]] if isinstance(values["fp8"], str) else values["fp8"])
+        for name in ("int8", "fp8"):
+            if name in values:
+                v = values[name]
+                values[name] = tuple([v] if isinstance(v, str) else v or ())
         try:
             for name in ("max_batch_tokens", "max_batch_seqs", "max_labels", "max_batch_beams"):
                 if name in values:
@@ -60,9 +73,17 @@ class BoundedOptions:
         if self.prefill_attention not in ("auto", *ATTENTIONS):
             raise OptionError(f"prefill_attention={self.prefill_attention!r}; choose one of auto, "
                               f"{', '.join(ATTENTIONS)}")
-        bad = [g for g in self.fp8 if g not in GEMM_GROUPS]
-        if bad:
-            raise OptionError(f"fp8 groups {bad}; groups are {', '.join(GEMM_GROUPS)}")
+        if self.precision not in PRECISION_MODES:
+            raise OptionError(f"precision={self.precision!r}; choose one of {', '.join(PRECISION_MODES)}")
+        if self.gate not in GATE_MODES:
+            raise OptionError(f"gate={self.gate!r}; choose one of {', '.join(GATE_MODES)}")
+        for name, groups, allowed in (("int8", self.int8, GEMM_GROUPS), ("fp8", self.fp8, LAYER_GROUPS)):
+            bad = [g for g in groups if g not in allowed]
+            if bad:
+                raise OptionError(f"{name} groups {bad}; groups are {', '.join(allowed)}")
+        both = sorted(set(self.int8) & set(self.fp8))
+        if both:
+            raise OptionError(f"groups {both} are both int8 and fp8; give each group one kind")
         if (self.max_wait_ms < 0 or self.max_batch_tokens < 0 or self.max_batch_seqs < 0 or self.max_labels < 1
                 or self.max_batch_beams < 0):
             raise OptionError("max_wait_ms, max_batch_tokens, max_batch_seqs and max_batch_beams must be >= 0, "

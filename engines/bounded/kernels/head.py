@@ -4,10 +4,13 @@ oneDNN where that is faster), log-softmax, banned tokens. Shapes: B rows, V voca
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 from torch import Tensor
+
+from engines.bounded.kernels import int8
 
 
 def prepack_head(weight: Tensor, rows: int) -> Optional[Tensor]:
@@ -44,5 +47,30 @@ def head_log_probs(hidden: Tensor, weight: Tensor, banned: Tensor, logp: Tensor,
         head_logits(hidden, weight, logp)
     else:
         logp.copy_(head_logits(hidden, weight, logits, packed))
-    torch.ops.aten._log_softmax.out(logp, -1, False, out=logp)
+    return log_probs_of(logp, banned, logp)
+
+
+def log_probs_of(logits: Tensor, banned: Tensor, logp: Tensor) -> Tensor:
+    """float32 logits [B, V] -> log-probabilities in `logp` (may be `logits`), banned ids -inf."""
+    torch.ops.aten._log_softmax.out(logits, -1, False, out=logp)
     return logp.index_fill_(-1, banned, -math.inf)
+
+
+@dataclass(frozen=True)
+class Int8Head:
+    """The head as a W8A8 GEMM (precision group `head`: int8): the weight quantised per
+    vocabulary row and prepacked for oneDNN once; each call scales the hidden rows."""
+
+    weight: Tensor  # [V, hidden] int8 (an empty tensor once prepacked)
+    scale: Tensor  # [V] float32
+    packed: Optional[Tensor]
+
+    @classmethod
+    def of(cls, weight: Tensor) -> "Int8Head":
+        q, scale = int8.int8_quantise(weight)
+        packed = int8.prepack(q)
+        return cls(q if packed is None else q[:0], scale, packed)
+
+    def __call__(self, hidden: Tensor) -> Tensor:
+        # hidden [B, hidden] -> float32 logits [B, V]
+        return int8.int8_linear_packed(hidden, self.packed, self.weight, self.scale)

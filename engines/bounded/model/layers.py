@@ -2,7 +2,7 @@
 kernels, and the signature of the attention a decoder layer is given.
 
 Weights are buffers (no autograd). `Linear` takes its GEMM kind from the precision policy,
-so FP8 for a layer group is a choice made here at load, not in the model code.
+so int8 or FP8 for a layer group is a choice made here at load, not in the model code.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from engines.bounded.kernels import dense
-from engines.bounded.model.precision import PrecisionPolicy
+from engines.bounded.model.precision import GEMM_KINDS, PrecisionPolicy
 
 # attend(layer, q [T, Hq, D], k/v [T, Hkv, D]) -> [T, Hq*D]: the attention of one layer, given
 # by the program that runs the decoder (it knows the packing, the cached K/V, the masks)
@@ -20,32 +20,27 @@ Attend = Callable[[int, Tensor, Tensor, Tensor], Tensor]
 
 
 class Linear(nn.Module):
-    """y = x @ W.T (+ b) on a 2-D [T, K] input, dense or FP8 per the policy's group kind."""
+    """y = x @ W.T (+ b) on a 2-D [T, K] input, with the GEMM kind the policy gives its group
+    (dense, int8, fp8: precision.GEMM_KINDS), its weight prepared for that kind at load."""
 
     def __init__(self, weight: Tensor, bias: Optional[Tensor], kind: str = "dense"):
         super().__init__()
         self.kind = kind
-        if kind == "fp8":
-            w8, scale = dense.fp8_quantise(weight)
-            self.register_buffer("weight", w8)
-            self.register_buffer("weight_scale", scale)
-        else:
-            self.register_buffer("weight", weight.contiguous())
+        self._gemm = GEMM_KINDS[kind]
+        self._names = []
+        for name, t in self._gemm.prepare(weight).items():
+            self.register_buffer(name, t)
+            self._names.append(name)
         self.register_buffer("bias", bias)
+        self.out_features = weight.shape[0]
 
     @classmethod
     def for_group(cls, group: str, weight: Tensor, bias: Optional[Tensor],
                   policy: PrecisionPolicy) -> "Linear":
         return cls(weight, bias, policy.gemm_kind(group))
 
-    @property
-    def out_features(self) -> int:
-        return self.weight.shape[0]
-
     def forward(self, x: Tensor) -> Tensor:
-        if self.kind == "fp8":
-            return dense.fp8_linear(x, self.weight, self.weight_scale, self.bias)
-        return dense.dense_linear(x, self.weight, self.bias)
+        return self._gemm.linear(x, self.bias, **{n: getattr(self, n) for n in self._names})
 
 
 class GatedMLP(nn.Module):

@@ -82,6 +82,7 @@ class BeamRuntime(CompiledRuntime):
         self.buffers = BeamBuffers(model.cfg, self.plan, self.head_weight.dtype, self.device)
         self.banned = torch.tensor(self.banned_ids, dtype=torch.int64, device=self.device)
         self.packed_head = head.prepack_head(self.head_weight, self.plan.max_width)
+        self.int8_head = head.Int8Head.of(self.head_weight) if self.policy.gemm_kind("head") == "int8" else None
         self.status["buffers_mib"] = round(self.buffers.nbytes() / 2**20, 1)
         self._capture_steps()
 
@@ -233,6 +234,8 @@ class BeamRuntime(CompiledRuntime):
     def _head(self, hidden: Tensor) -> Tensor:
         # hidden: [rows, hidden] -> log-probabilities [rows, V] in the planned buffer
         logp, logits = self.buffers.head_views(hidden.shape[0])
+        if self.int8_head is not None:
+            return head.log_probs_of(self.int8_head(hidden), self.banned, logp)
         return head.head_log_probs(hidden, self.head_weight, self.banned, logp, logits, self.packed_head)
 
     def _select(self, batch: BeamBatch, logp: Tensor, cum: Tensor, nodes: Tensor, state: BeamState,

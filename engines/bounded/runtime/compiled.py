@@ -71,7 +71,7 @@ class CompiledRuntime:
     def key(self, name: str, shapes: Any) -> aot.CompileKey:
         p = self.policy
         return aot.CompileKey(name, fingerprint(self.model_dir), p.dtype, p.residual,
-                              ",".join(f"{g}={k}" for g, k in sorted(p.gemm.items())),
+                              p.cache_tag(),
                               aot.device_tag(self.device), torch.__version__, shapes,
                               inductor=json.dumps(INDUCTOR_CONFIGS, sort_keys=True), attention=self.attention)
 

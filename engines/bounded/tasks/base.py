@@ -10,7 +10,7 @@ import torch
 
 from engines.base import Bounds, EngineConfig, EngineError, Request, RequestRejected, Result
 from engines.bounded.model.families import read_model_config
-from engines.bounded.model.precision import PrecisionPolicy
+from engines.bounded.model.precision import LAYER_GROUPS, PrecisionPolicy
 from engines.bounded.options import BoundedOptions
 from engines.bounded.plan import Plan
 from engines.bounded.runtime.compiled import CompiledRuntime
@@ -21,6 +21,7 @@ from engines.validate import Limits, RequestChecker
 
 class Task:
     kind: str
+    gemm_groups: tuple[str, ...] = LAYER_GROUPS  # the precision groups whose GEMMs this task runs
     """Subclasses build `self.dag`: request-scope input "request", one request-scope node
     "tokenize" (its output is what the batcher holds), batch-scope input "items" (those
     outputs, in order), and a last node "format" -> one Result per item."""
@@ -40,12 +41,13 @@ class Task:
     def compile(self) -> dict[str, Any]:
         return self.runtime.compile()
 
-    def start(self, tokenizer: Any) -> None:
+    def start(self, tokenizer: Any, warm_up: bool = True) -> None:
         self.tokenizer, self.vocab = tokenizer, read_model_config(self.runtime.model_dir).vocab
         # the engines' shared request check (types, ids, labels, item codes, bounds)
         self.checker = RequestChecker(Limits.for_model(self.runtime.model_dir, self.bounds), tokenizer)
         self.runtime.start()
-        self.runtime.warm_up(self.warm_up)
+        if warm_up:
+            self.runtime.warm_up(self.warm_up)
 
     def warm_up(self) -> None:
         """One small batch through the batch scope (first-call initialisation)."""

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
+import torch
+
 from engines.base import BEAM_SEARCH, Beam, BeamRequest, BeamResult, Bounds, EngineConfig, RequestRejected
 from engines.bounded.kernels.constraints import ItemCodeError, TrieCache
-from engines.bounded.model.precision import PrecisionPolicy
+from engines.bounded.model.precision import GEMM_GROUPS, PrecisionPolicy
 from engines.bounded.options import BoundedOptions
 from engines.bounded.plan import BeamPlan, Plan
 from engines.bounded.runtime.beam import BeamRuntime
@@ -21,6 +23,7 @@ from engines.bounded.runtime.beam_batch import BeamBatch, BeamJob
 from engines.bounded.tasks.base import Task
 from engines.bounded.tasks.batcher import Pending
 from engines.bounded.tasks.dag import Dag, Node
+from engines.bounded.tasks.gate import Distance
 from engines.tokens import eos_ids
 
 
@@ -40,6 +43,7 @@ class BeamUsage:
 
 class BeamTask(Task):
     kind = BEAM_SEARCH
+    gemm_groups = GEMM_GROUPS  # the layers' and the full-vocabulary head's
     runtime: BeamRuntime
 
     def __init__(self, runtime: BeamRuntime, bounds: Bounds, plan: BeamPlan):
@@ -60,8 +64,8 @@ class BeamTask(Task):
                               options.compile, log, options.prefill_attention, options.cuda_graphs)
         return cls(runtime, config.bounds, plan.beam)
 
-    def start(self, tokenizer: Any) -> None:
-        super().start(tokenizer)
+    def start(self, tokenizer: Any, warm_up: bool = True) -> None:
+        super().start(tokenizer, warm_up)
         self.tries = TrieCache(self.vocab, self.runtime.device)  # the beams' device: steps index it there
 
     def usage(self) -> BeamUsage:
@@ -70,6 +74,27 @@ class BeamTask(Task):
     def warm_up(self) -> None:
         p = self.plan  # the full planned batch, on a short prompt
         self.run([BeamJob([0] * min(p.max_prompt, 7), p.max_width, p.max_steps, id="warm-up")] * p.max_requests, {})
+
+    # --- accuracy gate (tasks/gate.py) ------------------------------------------------------
+
+    def calibration_items(self, seed: int = 0) -> list[BeamJob]:
+        """2 seeded random-token prompts (up to 32 tokens) at the planned width and steps."""
+        g, p = torch.Generator().manual_seed(seed), self.plan
+        length = max(1, min(p.max_prompt, 32))
+        return [BeamJob(torch.randint(0, self.vocab, (length - r,), generator=g).tolist(), p.max_width,
+                        p.max_steps, id=f"calibration-{r}") for r in range(2)]
+
+    @staticmethod
+    def distance(reference: list[BeamResult], got: list[BeamResult]) -> Distance:
+        overlaps, diffs = [], []
+        for a, b in zip(reference, got):
+            la = {tuple(x.token_ids): x.logprob for x in a.beams}
+            lb = {tuple(x.token_ids): x.logprob for x in b.beams}
+            shared = la.keys() & lb.keys()
+            overlaps.append(len(shared) / max(len(la), len(lb), 1))
+            diffs += [abs(la[k] - lb[k]) for k in shared]
+        mean = sum(diffs) / len(diffs) if diffs else float("inf")
+        return Distance(mean, max(diffs, default=float("inf")), sum(overlaps) / len(overlaps), error_judged=False)
 
     # --- nodes ----------------------------------------------------------------------------
 

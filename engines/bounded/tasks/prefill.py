@@ -22,6 +22,7 @@ from engines.bounded.runtime.prefill import PrefillRuntime
 from engines.bounded.tasks.base import Task
 from engines.bounded.tasks.batcher import Pending
 from engines.bounded.tasks.dag import Dag, Node
+from engines.bounded.tasks.gate import Distance
 from engines.tokens import apply_bounds, encode, label_ids
 
 
@@ -89,6 +90,28 @@ class PrefillTask(Task):
         p = self.plan  # a small call: 3 sequences of 7 tokens, or what fits
         n = min(p.max_seqs, 3)
         self.run([ScoreItem("warm-up", [[0] * max(1, min(p.max_len, 7, p.max_tokens // n))] * n, [0, 1])], {})
+
+    # --- accuracy gate (tasks/gate.py) ------------------------------------------------------
+
+    def calibration_items(self, seed: int = 0) -> list[ScoreItem]:
+        """4 requests of up to 8 seeded random-token samples (up to 64 tokens) and 2 labels."""
+        g, p = torch.Generator().manual_seed(seed), self.plan
+        n = max(1, min(8, p.max_seqs))
+        longest = max(1, min(p.max_len, 64, p.max_tokens // n))
+        items = []
+        for r in range(4):
+            lengths = torch.randint(max(1, longest // 4), longest + 1, (n,), generator=g).tolist()
+            seqs = [torch.randint(0, self.vocab, (k,), generator=g).tolist() for k in lengths]
+            labels = torch.randint(0, self.vocab, (2,), generator=g).tolist()
+            items.append(ScoreItem(f"calibration-{r}", seqs, sorted(set(labels))))
+        return items
+
+    @staticmethod
+    def distance(reference: list[PrefillResult], got: list[PrefillResult]) -> Distance:
+        p = torch.tensor([row for r in reference for row in r.scores])
+        q = torch.tensor([row for r in got for row in r.scores])
+        d = (p - q).abs()
+        return Distance(d.mean().item(), d.max().item(), (p.argmax(-1) == q.argmax(-1)).float().mean().item())
 
     # --- nodes ----------------------------------------------------------------------------
 

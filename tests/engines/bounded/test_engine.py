@@ -79,7 +79,7 @@ def test_float32_matches_transformers_on_1000_samples(preset_dir):
 
 
 def test_bfloat16_matches_float32_transformers_within_2e2(calm_dir):
-    engine = start(calm_dir, "bfloat16", max_wait_ms=50)
+    engine = start(calm_dir, "bfloat16", max_wait_ms=50, precision="bfloat16")  # bf16 on any CPU
     try:
         requests = thousand_samples(2)
         results = submit_in_waves(engine, requests)
@@ -96,7 +96,7 @@ def test_bfloat16_no_worse_than_transformers_bf16(preset_dir):
     ~0.5 (tiny-qwen2) in transformers' own bf16, so no fixed bound holds there (see
     calm_dir); we require our bf16 to be as close to the float32 reference as transformers'
     bf16 is."""
-    engine = start(preset_dir, "bfloat16", max_wait_ms=50)
+    engine = start(preset_dir, "bfloat16", max_wait_ms=50, precision="bfloat16")
     try:
         rng = random.Random(2)
         requests = random_requests(rng, 10, hi=150)

@@ -23,13 +23,17 @@ def test_unknown_option_lists_the_known_ones():
     msg = str(e.value)
     assert "unknown bounded-engine option(s) compiel, max_batch" in msg
     assert "known options: compile, max_wait_ms, max_batch_tokens, max_batch_seqs, max_labels, " \
-           "max_batch_beams, residual, fp8, prefill_attention, cuda_graphs" in msg
+           "max_batch_beams, residual, precision, int8, fp8, prefill_attention, cuda_graphs, gate" in msg
 
 
 @pytest.mark.parametrize("options,says", [
     ({"compile": "jit"}, "compile='jit'; choose one of aot, eager"),
     ({"residual": "int8"}, "residual='int8'; choose one of bfloat16, float32, float16"),
     ({"fp8": ["mlp"]}, "fp8 groups ['mlp']; groups are qkv, o, gate_up, down"),
+    ({"int8": ["mlp"]}, "int8 groups ['mlp']; groups are qkv, o, gate_up, down, head"),
+    ({"int8": ["down"], "fp8": "down"}, "groups ['down'] are both int8 and fp8"),
+    ({"precision": "int8"}, "precision='int8'; choose one of auto, bfloat16, float32, float16"),
+    ({"gate": "maybe"}, "gate='maybe'; choose one of refuse, decisions, accept"),
     ({"max_labels": 0}, "max_labels >= 1"),
     ({"max_wait_ms": -1}, "must be >= 0"),
     ({"max_batch_tokens": "lots"}, "invalid literal"),

@@ -74,12 +74,27 @@ def test_compile_once_then_load_and_recompile_on_key_change(engine_factory, cach
     again = asyncio.run(second.submit(reqs[0]))
     assert torch.allclose(torch.tensor(again.scores), torch.tensor(got[0].scores), atol=1e-6)
 
-    bf16 = engine_factory("bfloat16")  # changed key: compiles a new package
+    bf16 = engine_factory("bfloat16", precision="bfloat16")  # changed key: compiles a new package
     assert _package(bf16)["compiled_now"] is True
     assert _package(bf16)["package"] != d["package"]
     assert len(list(cache.glob("compiled/*.pt2"))) == 2
     if torch.ops.mkldnn._is_mkldnn_bf16_supported():  # the layers' GEMMs use prepacked oneDNN weights
         assert "aoti_torch_cpu__linear_pointwise" in _extern_calls(_package(bf16)["package"])
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN is not built into this torch")
+def test_int8_groups_compile_to_onednn_int8_kernels(engine_factory):
+    e = engine_factory("float32", int8=["qkv", "o", "gate_up", "down"], gate="accept")
+    calls = _extern_calls(_package(e)["package"])
+    assert any("qlinear_pointwise" in c for c in calls), calls  # oneDNN's int8 linear, weights prepacked
+    assert not any("_int_mm" in c for c in calls), calls  # every int8 GEMM was lowered so
+    assert "aoti_torch_cpu__linear_pointwise" not in calls  # no float GEMM left in the layers
+    reqs = _requests()
+    got = asyncio.run(_gather(e, reqs))
+    ref = reference(e.config.model_dir)
+    for r, res in zip(reqs, got):
+        want = ref.scores(r.samples, r.labels)
+        assert (torch.tensor(res.scores).argmax(-1) == want.argmax(-1)).float().mean() >= 0.5
 
 
 def _status(engine) -> dict:

@@ -1,0 +1,82 @@
+"""W8A8 GEMMs: int8 weights per output channel (quantised once, at load), 8-bit activations
+per token (scaled at every call), integer accumulation, both scales applied on output.
+
+How it reaches the fast kernel: oneDNN's int8 linear runs on VNNI/AMX only for unsigned
+activations (u8 x s8; with signed int8 activations it takes a reference path, ~1,000x
+slower here), so a token's int8 values q in [-127, 127] travel as u8 q + 128 with zero
+point 128. `int8_linear` writes the product in the quantised-graph form of the PT2E flow --
+`dequantize_per_tensor(x_u8, 1.0, 128)` and `dequantize_per_channel(w_int8, scale)` into a
+linear -- which Inductor's freezing pass (x86, oneDNN built in) replaces by
+`onednn::qlinear_pointwise` on a weight prepacked once; the per-token scale (pulled out of
+the sum) and the bias are one multiply-add after it, which fuses with the activation
+quantisation of the next GEMM's elementwise neighbours. Eagerly the same code is a float
+GEMM on dequantised values: the same numbers, only slow. `int8_linear_packed` calls the
+prepacked kernel directly, for the beam head that runs outside the graphs.
+
+Shapes: T rows (tokens or beams), K input features, N output features.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers quantized_decomposed ops)
+import torch.nn.functional as F
+from torch import Tensor
+
+QMAX = 127.0  # symmetric int8 range [-127, 127]
+ZERO = 128  # the u8 zero point the activations travel with
+
+_qd = torch.ops.quantized_decomposed
+
+
+def _cast(x: Tensor, dtype: torch.dtype) -> Tensor:
+    # aten _to_copy, not .to(): under torch.export .to() adds a metadata check that uses its
+    # input, and a quantisation pattern only matches nodes with a single user
+    return torch.ops.aten._to_copy.default(x, dtype=dtype)
+
+
+def int8_quantise(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """weight [N, K] -> (int8 [N, K], float32 scale [N]): one symmetric scale per output row."""
+    w = weight.float()
+    scale = w.abs().amax(dim=1).clamp(min=1e-12) / QMAX
+    return (w / scale[:, None]).round().clamp(-QMAX, QMAX).to(torch.int8), scale
+
+
+def quantise_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+    """x [T, K] float -> (u8 [T, K] holding q + 128 for q in [-127, 127], float32 scale [T, 1])."""
+    xf = _cast(x, torch.float32)
+    scale = xf.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / QMAX
+    return _cast((xf / scale).round().clamp(-QMAX, QMAX) + ZERO, torch.uint8), scale
+
+
+def int8_linear(x: Tensor, weight: Tensor, weight_scale: Tensor, weight_zero: Tensor,
+                bias: Optional[Tensor] = None) -> Tensor:
+    """y = x @ W.T (+ b) in x's dtype: x [T, K] float; weight [N, K] int8, scale [N] float32,
+    zero [N] int64 (zeros: the form the pattern wants)."""
+    xq, x_scale = quantise_rows(x)
+    xd = _qd.dequantize_per_tensor.default(xq, 1.0, ZERO, 0, 255, torch.uint8)  # [T, K] = q
+    wd = _qd.dequantize_per_channel.default(weight, weight_scale, weight_zero, 0, -128, 127, torch.int8)
+    y = F.linear(xd, wd) * x_scale  # [T, N] float32
+    if bias is not None:
+        y = y + bias
+    return _cast(y, x.dtype)
+
+
+def prepack(weight: Tensor) -> Optional[Tensor]:
+    """An int8 weight [N, K] prepacked for oneDNN's int8 linear; None where oneDNN is not built in."""
+    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return None
+    return torch.ops.onednn.qlinear_prepack(weight, None)
+
+
+def int8_linear_packed(x: Tensor, packed: Optional[Tensor], weight: Tensor, weight_scale: Tensor) -> Tensor:
+    """`int8_linear` without bias, eagerly, on a `prepack`ed weight (`weight` [N, K] int8 is
+    read only where there is none): -> float32 [T, N]."""
+    xq, x_scale = quantise_rows(x)
+    if packed is None:
+        q = _cast(_cast(xq, torch.int16) - ZERO, torch.int8)
+        return _cast(torch._int_mm(q, weight.t()), torch.float32).mul_(weight_scale).mul_(x_scale)
+    y = torch.ops.onednn.qlinear_pointwise(xq, 1.0, ZERO, packed, weight_scale, None, None, 1.0, 0,
+                                           torch.float32, "none", [], "")
+    return y.mul_(x_scale)

@@ -1,0 +1,83 @@
+"""The precision policy: `auto` for each kind of CPU (the capability probe injected, and the
+real one), explicit choices, GEMM kinds as registrations, and what describe() says."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engines.base import Bounds, EngineConfig
+from engines.bounded import engine as engine_mod
+from engines.bounded.model import precision
+from engines.bounded.model.layers import Linear
+from engines.bounded.model.precision import GEMM_KINDS, GemmKind, PrecisionPolicy, choose_dtype
+from engines.bounded.options import BoundedOptions
+from engines.hardware import probe
+from tests.engines.test_hardware import ICE_LAKE, SAPPHIRE, ZEN4
+
+
+@pytest.mark.parametrize("caps, requested, want", [
+    (ZEN4, "bfloat16", "bfloat16"), (ICE_LAKE, "bfloat16", "float32"), (SAPPHIRE, "bfloat16", "bfloat16"),
+    (ZEN4, "float16", "float32"), (SAPPHIRE, "float16", "float16"), (ICE_LAKE, "float32", "float32"),
+])
+def test_auto_keeps_native_dtypes_and_falls_back_to_float32(caps, requested, want):
+    dtype, why = choose_dtype(requested, "auto", caps)
+    assert dtype == want
+    assert ("native on" if dtype == requested else "has no native") in why and caps.name in why
+
+
+def test_explicit_choice_wins_on_any_cpu():
+    assert choose_dtype("bfloat16", "bfloat16", ICE_LAKE) == ("bfloat16", "bfloat16: chosen by the precision option")
+    assert choose_dtype("bfloat16", "float32", ZEN4)[0] == "float32"
+
+
+@pytest.mark.parametrize("caps, want", [(ICE_LAKE, "float32"), (ZEN4, "bfloat16")])
+def test_engine_policy_with_the_probe_injected(caps, want, tiny_dir, monkeypatch):
+    monkeypatch.setattr(engine_mod, "probe", lambda device: caps)
+    cfg = EngineConfig(tiny_dir, "bfloat16", "cpu", Bounds(), "prefill_only", {"compile": "eager", "int8": ["down"]})
+    e = engine_mod.BoundedEngine(cfg)
+    d = e.describe()
+    assert d["dtype"] == "bfloat16" and d["compute_dtype"] == want
+    assert d["precision"]["summary"] == f"{want} + int8 [down]" and d["precision"]["gemm"]["down"] == "int8"
+    assert d["precision"]["why"].startswith(want)
+
+
+def test_real_probe_policy_on_this_machine(tiny_dir):
+    e = engine_mod.BoundedEngine(EngineConfig(tiny_dir, "bfloat16", "cpu", Bounds(), "prefill_only",
+                                              {"compile": "eager"}))
+    assert e.policy.dtype == ("bfloat16" if probe("cpu").native("bfloat16") else "float32")
+
+
+def test_int8_groups_refused_on_a_gpu_and_fp8_on_a_cpu():
+    p = PrecisionPolicy("bfloat16", gemm={"down": "int8"})
+    assert "CPU path" in p.unsupported("cuda", ZEN4)
+    assert p.unsupported("cpu", ZEN4) is None
+    assert "compute capability" in PrecisionPolicy(gemm={"o": "fp8"}).unsupported("cpu", ZEN4)
+
+
+def test_unknown_kind_lists_the_registered_ones():
+    with pytest.raises(ValueError, match="kinds are dense, fp8, int8"):
+        PrecisionPolicy(gemm={"qkv": "int4"})
+
+
+def test_a_new_gemm_kind_is_a_registration(monkeypatch):
+    """How fp8 (or any kind) plugs in: register it; Linear and the policy take it as is."""
+    calls = []
+    kind = GemmKind("halved", lambda w: {"weight": w * 0.5},
+                    lambda x, bias, weight: calls.append(1) or x @ weight.t(), lambda device, caps: None)
+    monkeypatch.setitem(GEMM_KINDS, "halved", kind)
+    policy = PrecisionPolicy("float32", gemm={"gate_up": "halved"})
+    w = torch.randn(4, 3)
+    lin = Linear.for_group("gate_up", w, None, policy)
+    x = torch.randn(2, 3)
+    assert torch.allclose(lin(x), x @ (0.5 * w).t()) and calls == [1]
+    assert policy.low_precision_groups() == {"gate_up": "halved"}
+    assert Linear.for_group("qkv", w, None, policy).kind == "dense"
+
+
+def test_options_map_groups_to_kinds():
+    o = BoundedOptions.parse({"int8": ["gate_up", "down", "head"], "precision": "float32"})
+    assert o.gemm_kinds() == {"gate_up": "int8", "down": "int8", "head": "int8"}
+    p = PrecisionPolicy("float32", gemm=o.gemm_kinds())
+    assert p.summary() == "float32 + int8 [down, gate_up, head]"
+    assert p.cache_tag() == "down=int8,gate_up=int8,o=dense,qkv=dense"  # the head is not in the graphs
+    assert precision.PRECISION_MODES == ("auto", "bfloat16", "float32", "float16")
