@@ -25,7 +25,9 @@ from harness.serve.replicas import (CLUSTER_JOB_ENV, RayOptions, ReplicaFailed, 
                                     replica_runtime_env)
 from harness.serve.server import ServeOptions
 
-needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray not installed (.[ray] extra)")
+# CI installs the dev extra, Ray included: there a missing Ray fails these tests instead of skipping them
+needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None and os.environ.get("CI") != "true",
+                               reason="ray not installed (.[ray] extra)")
 
 SCENARIO = """
 name: ray_test
@@ -136,7 +138,8 @@ def folder(tmp_path_factory, tiny_dir):
 @pytest.fixture(scope="module")
 def replicas(folder):
     args = ["--ray", "--replicas", "2", "--cpus-per-replica", "1", "--concurrency", "2"]
-    with ServeProcess(folder / "s.yaml", "hf", args, startup_timeout_s=300) as s:
+    # bounded, with room for a busy 2-core machine (Ray, then two replicas importing torch)
+    with ServeProcess(folder / "s.yaml", "hf", args, startup_timeout_s=600) as s:
         yield s
 
 
@@ -173,7 +176,7 @@ def test_a_killed_replica_fails_only_its_requests_and_is_replaced(replicas, fold
     reference = _infer(folder, [items[i].request for i in range(n)])
     victim = _deployment(replicas.url)["placement"][0]["pid"]
     engine = create_engine("sglang", EngineConfig(tiny_dir, "float32", bounds=Bounds(1, 32, 8, 3),
-                                                  options={"url": replicas.url, "timeout_s": 60}))
+                                                  options={"url": replicas.url, "timeout_s": 120}))
     engine.start()
     try:
         point, in_flight = asyncio.run(_run_with_kill(engine, items, n, victim))
@@ -208,7 +211,7 @@ async def _run_with_kill(engine, items, n: int, victim: int):
             os.kill(victim, signal.SIGKILL)
 
     points: list = []
-    point = await run_closed(engine, items, 4, n, 0, 60.0, tick, points)
+    point = await run_closed(engine, items, 4, n, 0, 120.0, tick, points)
     return point, state["in_flight"]
 
 
@@ -226,7 +229,7 @@ def _same_beams(result, ref: dict) -> None:
     assert [b.logprob for b in result.beams] == pytest.approx([b["logprob"] for b in ref["beams"]], abs=1e-4)
 
 
-def _wait_replaced(url: str, victim: int, timeout_s: float = 180.0) -> None:
+def _wait_replaced(url: str, victim: int, timeout_s: float = 300.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         info = _deployment(url)
