@@ -139,7 +139,7 @@ async def _drive(engine, items, load, seed, progress, points, first, label) -> i
 
 def run_engine(er: EngineRun, spec: EngineSpec, plan: Plan, ctx: RunContext) -> None:
     """Every cell of `plan` on engine `spec`, recording into `er`."""
-    log = lambda m: ctx.log(f"[{spec.name}] {m}")  # noqa: E731
+    log = lambda m: ctx.log(f"[{er.name}] {m}")  # noqa: E731
     er.constrained = not spec.unconstrained
     engine, running, died = None, None, ""
     try:

@@ -177,15 +177,22 @@ def against_param(series: list[Series], failed: Sequence[Failed], xlabel: str, y
         ax.plot(s.x, [scale * v for v in s.y], "o-", color=c, label=s.label)
         if s.y2 is not None:
             ax.plot(s.x, [scale * v for v in s.y2], "s--", color=c, label=f"{s.label} P99")
+    stacked: dict[float, int] = {}  # failed cells at one x stack upwards, so each shows
     for k, f in enumerate(failed):
-        ax.plot(f.x, 0.04, "X", ms=11, color=f"C{f.series % 10}", mec="tab:red", mew=1.5,
-                transform=ax.get_xaxis_transform(), clip_on=False, label="failed cell" if k == 0 else None)
+        level = stacked[f.x] = stacked.get(f.x, -1) + 1
+        ax.plot(f.x, 0.05 + 0.07 * level, "X", ms=11, color=f"C{f.series % 10}", mec="tab:red", mew=1.5,
+                transform=ax.get_xaxis_transform(), clip_on=False,
+                label="failed cell (its line's colour)" if k == 0 else None)
     if slo:
         _slo_lines(ax, slo)
     if not percent:
         ys = [v for s in series for v in list(s.y) + list(s.y2 or [])]
         _log_if_wide(ax, ys + (list(slo.values()) if slo else []))
-    _log_if_wide(ax, [x for s in series for x in s.x] + [f.x for f in failed], axis="x")
+    xs = sorted({float(x) for s in series for x in s.x} | {f.x for f in failed})
+    _log_if_wide(ax, xs, axis="x")
+    if len(xs) <= 12:  # the swept values themselves, as plain numbers
+        ax.set_xticks(xs, [f"{x:g}" for x in xs])
+        ax.minorticks_off()
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
     if percent:
         ax.set_ylim(0, 105)
