@@ -71,6 +71,11 @@ class RunResult:
         if few:
             out.append(f"P99 rests on fewer than {P99_MIN_REQUESTS} requests at {len(few)} load point(s) "
                        f"(min {min(few)}): those P99s are estimates")
+        over = max((p.metrics.mfu for er in self.engines for p in er.points if p.metrics.mfu > 1.0), default=None)
+        if over is not None:  # no engine beats the device's best rate: the peak is wrong
+            out.append(f"effective MFU up to {over:.0%}: the peak of {self.peak_tflops:g} TFLOP/s "
+                       f"({self.peak_source}) is below what the engines reached, most likely measured on a busy "
+                       f"machine; measure it again on a quiet one (`bench doctor --measure`) or give --peak-tflops")
         return out
 
     def exit_code(self) -> int:

@@ -195,7 +195,8 @@ def against_param(series: list[Series], failed: Sequence[Failed], xlabel: str, y
         ax.minorticks_off()
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
     if percent:
-        ax.set_ylim(0, 105)
+        top = max([scale * v for s in series for v in s.y if v == v], default=0.0)
+        ax.set_ylim(0, max(105.0, 1.05 * top))  # over 100 % (a peak set too low) still shows
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
     return png(fig)

@@ -67,3 +67,15 @@ def test_engines_computing_in_an_emulated_dtype_are_warned_about(tmp_path, monke
     assert len(warned) == 1 and warned[0].startswith("hf: computes in bfloat16") and "float32" in warned[0]
     zen = _run_with(cpu_peaks(ZEN4, measure=lambda c: ZEN4_RATES), engines)
     assert zen.peak_tflops == 0.44 and not [w for w in zen.warnings if "emulates" in w]
+
+
+def test_an_mfu_over_100_percent_says_the_peak_is_wrong():
+    from harness.runner import run_scenario
+
+    sc = load_scenario(SCENARIOS / "smoke_prefill.yaml")
+    load = {"engines": ["hf"], "requests": 2, "concurrency": [1]}
+    low = run_scenario(sc, Overrides(peak_tflops=1e-7, **load), log=lambda m: None)
+    [warning] = [w for w in low.warnings if "effective MFU up to" in w]
+    assert "1e-07 TFLOP/s (given on the command line" in warning and "or give --peak-tflops" in warning
+    fair = run_scenario(sc, Overrides(peak_tflops=1e3, **load), log=lambda m: None)
+    assert not [w for w in fair.warnings if "effective MFU" in w]

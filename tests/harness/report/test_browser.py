@@ -5,6 +5,7 @@ import shutil
 import subprocess
 
 import pytest
+import yaml
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -32,3 +33,40 @@ def test_report_opens_in_chromium_with_every_image_decoded(prefill_run, tmp_path
     summary = dom[dom.index('id="summary"'):]
     summary = summary[: summary.index("</table>")]
     assert summary.count("<tr") == 1 + 4  # header + hf and noop at concurrency 1 and 2
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+def test_a_sweep_report_shows_its_failed_cell_in_chromium(tmp_path):
+    """A beam-width sweep (noop and hf, tiny model) with one width past the declared bound:
+    the page opens with every figure decoded, the refused cell's rows are marked failed with
+    the reason, and the other cells are measured."""
+    from typer.testing import CliRunner
+
+    from harness.cli import app
+    from tests.harness.report.conftest import SCENARIOS
+
+    spec = yaml.safe_load((SCENARIOS / "smoke_beam.yaml").read_text())
+    spec["bounds"]["max_beam_width"] = 8  # W=16 lies past it: every engine refuses that cell
+    spec["sweep"] = {"beam_width": [4, 8, 16]}
+    path = tmp_path / "sweep_beam.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    res = CliRunner().invoke(app, ["run", str(path), "--engine", "hf", "--engine", "noop", "--requests", "2",
+                                   "--concurrency", "1", "--peak-tflops", "0.5", "--out", str(tmp_path / "run")])
+    assert res.exit_code == 0, res.output  # a failed cell is a row, not an exit code
+    page = tmp_path / "run" / "report.html"
+    n_img = page.read_text().count("<img ")
+    dom = dump_dom(page, tmp_path / "profile")
+    assert re.search(r'data-images-loaded="(\d+)/(\d+)"', dom).groups() == (str(n_img), str(n_img))
+    assert "Latency against beam_width" in dom and "Throughput against beam_width" in dom
+    summary = dom[dom.index('id="summary"'):]
+    summary = summary[: summary.index("</table>")]
+    rows = re.findall(r"<tr( class=\"[^\"]*\")?>(.*?)</tr>", summary, re.S)[1:]
+    tds = [re.findall(r"<td[^>]*>(.*?)</td>", body, re.S) for _, body in rows]
+    cells = {(td[0], td[1]): ("failed" in cls, body) for (cls, body), td in zip(rows, tds)}
+    assert sorted(cells) == sorted((e, w) for e in ("hf", "noop") for w in ("4", "8", "16"))
+    for (engine, width), (failed, body) in cells.items():
+        assert failed == (width == "16"), (engine, width, body)
+        if failed:
+            assert '<b class="bad">failed</b>' in body and "beam_width" in body and "8" in body
+        else:
+            assert "<td>2 / 2</td>" in body
