@@ -123,7 +123,7 @@ class Bounds:
     max_decode_steps: int = 5
     on_violation: str = "reject"  # or "truncate": cut samples/prompts to the bounds (keeping their ends)
     max_query_tokens: int = 512  # the query of a query request
-    max_item_tokens: int = 512  # each item of a query request (query + item may exceed max_prompt_tokens)
+    max_item_tokens: int = 512  # each item of a query request (query + item: a sample, within max_prompt_tokens)
 
 
 @dataclass(frozen=True)

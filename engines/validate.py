@@ -18,7 +18,8 @@ the field. What it refuses:
 - past the bounds: rejected, or cut to them when `on_violation` is "truncate" (the end of a
   sample, prompt, query or item is kept: the scored position stays; the first samples or
   items are kept). A query request's items count against `max_samples_per_request`, its
-  query against `max_query_tokens` and each item against `max_item_tokens`.
+  query against `max_query_tokens`, each item against `max_item_tokens`, and each
+  concatenation query + item (a sample) against `max_prompt_tokens`.
 
 A query request comes back as its concatenations (`CheckedPrefill.seqs`, sample i = query
 + item_i, what an engine scoring samples computes) with `query_len`, the length of the
@@ -198,12 +199,26 @@ class RequestChecker:
         query, item_ids = split_query(self.tokenizer, req.query, items)
         cap = b.max_item_tokens
         if query:
-            query = self._fit(query, n.query, b.max_query_tokens, bound="max_query_tokens")
+            room = b.max_prompt_tokens - 1  # at least one token of an item after it
+            cap_q, bound = (b.max_query_tokens, "max_query_tokens") if b.max_query_tokens <= room else \
+                (room, f"max_prompt_tokens - 1 (room for an item)")
+            query = self._fit(query, n.query, cap_q, bound=bound)
         else:  # text whose first tokens all merge across the boundary: nothing shared
             cap += b.max_query_tokens
-        item_ids = [self._fit(item, f"{n.items}.{k}", cap, extra=len(query), bound="max_item_tokens")
-                    for k, item in enumerate(item_ids)]
+        item_ids = [self._item(item, f"{n.items}.{k}", cap, len(query)) for k, item in enumerate(item_ids)]
         return CheckedPrefill(req.id, [query + item for item in item_ids], labels, len(query))
+
+    def _item(self, item: list[int], where: str, cap: int, query: int) -> list[int]:
+        """An item within max_item_tokens, and its concatenation with the query (a sample)
+        within max_prompt_tokens."""
+        item = self._fit(item, where, cap, extra=query, bound="max_item_tokens")
+        room = self.limits.bounds.max_prompt_tokens - query
+        if len(item) > room:
+            if self.limits.bounds.on_violation != "truncate":
+                raise RequestRejected(f"{where}: {len(item)} tokens + {query} query tokens > max_prompt_tokens "
+                                      f"{self.limits.bounds.max_prompt_tokens}")
+            item = item[-room:]
+        return item
 
     def _items_list(self, items: Any, text: bool) -> Sequence[Any]:
         kind = f"{'text' if text else 'token id lists'}, like the {self.names.query}"
@@ -234,6 +249,8 @@ class RequestChecker:
                                           f"got {type(piece).__name__} (query and items: all text or all token ids)")
                 if not piece:
                     raise RequestRejected(f"{where}: empty")
+                bound = "max_query_tokens" if k == 0 else "max_item_tokens"
+                self._text_fits(piece, where, getattr(self.limits.bounds, bound), bound)
                 continue
             problem = _ids_problem(piece, self.limits.vocab, where)
             if problem:

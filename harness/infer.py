@@ -91,8 +91,7 @@ def screen(lines: list[Line], checker: RequestChecker) -> Bounds:
             width, steps = max(width, checked.beam_width), max(steps, checked.decode_steps)
         if isinstance(checked, CheckedPrefill) and checked.query_len:
             query, item = max(query, checked.query_len), max(item, max(map(len, checked.items)))
-        else:
-            tokens = max(tokens, max(map(len, seqs)))
+        tokens = max(tokens, max(map(len, seqs)))  # a query request's samples: its concatenations
     return Bounds(max_samples_per_request=samples, max_prompt_tokens=tokens, max_beam_width=width,
                   max_decode_steps=steps, max_query_tokens=query, max_item_tokens=item)
 

@@ -137,8 +137,10 @@ class Workload(_Strict):
 class Bounds(_Strict):
     max_samples_per_request: int = Field(default=16, gt=0, le=MAX_SAMPLES)  # samples, or items of a query request
     max_prompt_tokens: int = Field(default=512, gt=0, le=MAX_PROMPT_TOKENS)
-    max_query_tokens: int | None = Field(default=None, gt=0, le=MAX_PROMPT_TOKENS)  # default: max_prompt_tokens
-    max_item_tokens: int | None = Field(default=None, gt=0, le=MAX_PROMPT_TOKENS)  # default: max_prompt_tokens
+    # a query request: its query, each item (default: max_prompt_tokens); each query + item
+    # is a sample and fits max_prompt_tokens too
+    max_query_tokens: int | None = Field(default=None, gt=0, le=MAX_PROMPT_TOKENS)
+    max_item_tokens: int | None = Field(default=None, gt=0, le=MAX_PROMPT_TOKENS)
     # beam bounds: None sizes them from the task (each sweep cell's, see harness/sweep.py)
     max_beam_width: int | None = Field(default=None, gt=0, le=MAX_BEAM_WIDTH)
     max_decode_steps: int | None = Field(default=None, gt=0, le=MAX_DECODE_STEPS)
@@ -422,6 +424,10 @@ class Scenario(_Strict):
             if most is not None and most > cap:
                 what = f"up to {most} tokens" if field.endswith("_tokens") else str(most)
                 raise ValueError(f"workload.{field}: {what} > bounds.{bound} {cap}: those requests would be rejected")
+        if wl.has_query and _longest(wl.query_tokens) + _longest(wl.item_tokens) > b.max_prompt_tokens:
+            raise ValueError(f"workload.item_tokens: a query of up to {_longest(wl.query_tokens)} tokens and an item "
+                             f"of up to {_longest(wl.item_tokens)} > bounds.max_prompt_tokens {b.max_prompt_tokens} "
+                             "(each concatenation is a sample): those requests would be rejected")
         return self
 
 

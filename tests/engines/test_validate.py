@@ -247,3 +247,30 @@ def test_text_too_long_for_the_bounds_is_refused_before_tokenizing(tokenizer, mo
     assert not calls  # refused before any tokenizing
     trunc = RequestChecker(Limits(Bounds(max_prompt_tokens=16, on_violation="truncate"), VOCAB), tokenizer)
     assert len(trunc.check(_prefill([" word" * 5000])).seqs[0]) == 16  # truncation still sees the end
+
+
+def test_each_concatenation_is_a_sample_within_max_prompt_tokens(tokenizer):
+    b = Bounds(max_prompt_tokens=6, max_query_tokens=4, max_item_tokens=4)
+    c = RequestChecker(Limits(b, VOCAB), tokenizer)
+    assert c.check(_query([1, 2, 3], [[4, 5, 6]])).seqs == [[1, 2, 3, 4, 5, 6]]
+    with pytest.raises(RequestRejected, match=r"items.1: 4 tokens \+ 3 query tokens > max_prompt_tokens 6"):
+        c.check(_query([1, 2, 3], [[4], [5, 6, 7, 8]]))
+    t = RequestChecker(Limits(Bounds(max_prompt_tokens=6, max_query_tokens=9, max_item_tokens=4,
+                                     on_violation="truncate"), VOCAB), tokenizer)
+    got = t.check(_query([1, 2, 3, 4, 5, 6, 7], [[8, 9, 10, 11]]))
+    assert got.seqs == [[3, 4, 5, 6, 7, 11]] and got.query_len == 5  # the query leaves one token of room
+
+
+def test_query_text_too_long_is_refused_before_tokenizing(tokenizer, monkeypatch):
+    c = RequestChecker(Limits(QBOUNDS, VOCAB, 64), tokenizer)
+    calls = []
+    real = type(tokenizer).__call__
+    monkeypatch.setattr(type(tokenizer), "__call__", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    with pytest.raises(RequestRejected, match="query: 1,025 characters are more than max_query_tokens 4"):
+        c.check(_query("x" * 1025, [" a"]))
+    with pytest.raises(RequestRejected, match="items.1: 769 characters are more than max_item_tokens 3"):
+        c.check(_query(" q", [" a", "x" * 769]))
+    assert not calls
+    small = RequestChecker(Limits(Bounds(max_prompt_tokens=4, max_query_tokens=8), VOCAB), tokenizer)
+    with pytest.raises(RequestRejected, match=r"query: 5 tokens > max_prompt_tokens - 1 \(room for an item\) 3"):
+        small.check(_query([1, 2, 3, 4, 5], [[6]]))

@@ -81,6 +81,7 @@ def _query_good() -> dict:
     (lambda d: d["workload"].update(items_per_request={"mean": 5, "min": 6, "max": 9}), "min <= mean <= max"),
     (lambda d: d.update(task={"kind": "beam_search", "beam_width": 4, "decode_steps": 2}), "needs task kind prefill_only"),
     (lambda d: d["bounds"].update(max_query_tokens=0), "field bounds.max_query_tokens"),
+    (lambda d: d["bounds"].update(max_prompt_tokens=40), "each concatenation is a sample"),
 ])
 def test_query_workload_errors(tmp_path, mutate, msg):
     data = _query_good()
