@@ -3,23 +3,28 @@
 - "per_sequence" (CPU): `varlen_attention`, an opaque op for torch.export/Inductor (the
   graph around it is compiled; inside, one small GEMM pair per sequence on single-threaded
   workers). It reads the sequence offsets on the host, which on a CPU is where they are.
+  A sequence may also see the whole of an earlier one, its prefix: a query whose K/V its
+  items share (query_attention.py), so a query request's query is computed once.
 - "padded" (GPU): `packed_attention_padded`, plain tensor ops that compile into the graph:
   gather the packed rows into an [S, L] padded view with the batch's device-side indices
   (built once per batch by the packer), one flash SDPA, gather back. No host tensor and no
   host sync inside the graph, and one kernel per layer instead of one per sequence.
 
-Shapes: T packed tokens, S sequences, L the longest sequence of a batch, Hq query heads,
-Hkv K/V heads, D head dim.
+The padded attention has no prefix path yet (the prefill task packs a query request's
+concatenations for it). Shapes: T packed tokens, S sequences, L the longest sequence of a
+batch, Hq query heads, Hkv K/V heads, D head dim.
 """
 from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from engines.bounded.kernels.query_attention import Unit, attend_items, attention_units, head_rows
 
 ATTENTIONS = ("per_sequence", "padded")
 
@@ -30,13 +35,14 @@ def attention_for(device: torch.device) -> str:
     return "per_sequence" if torch.device(device).type == "cpu" else "padded"
 
 
-def packed_attention(kind: str, cu_seqlens: Tensor, pad_index: Tensor,
-                     unpad_index: Tensor) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
-    """attend(q, k, v) -> [T, Hq*D] over one packed batch's metadata (PackedBatch), by kind."""
+def packed_attention(kind: str, cu_seqlens: Tensor, pad_index: Tensor, unpad_index: Tensor,
+                     prefix: Optional[Tensor] = None) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
+    """attend(q, k, v) -> [T, Hq*D] over one packed batch's metadata (PackedBatch), by kind;
+    `prefix` (per_sequence only): each sequence's prefix, -1 for none."""
     if kind == "padded":
         return lambda q, k, v: packed_attention_padded(q, k, v, pad_index, unpad_index)
     if kind == "per_sequence":
-        return lambda q, k, v: varlen_attention(q, k, v, cu_seqlens)
+        return lambda q, k, v: varlen_attention(q, k, v, cu_seqlens, prefix)
     raise ValueError(f"attention {kind!r}; choose one of {', '.join(ATTENTIONS)}")
 
 
@@ -59,37 +65,46 @@ def packed_attention_padded(q: Tensor, k: Tensor, v: Tensor, pad_index: Tensor,
 
 
 def varlen_attention_cpu(q: Tensor, k: Tensor, v: Tensor, spans: list[tuple[int, int]],
-                         fp32_scores: bool = True) -> Tensor:
-    """Causal attention of each packed sequence, per sequence with two batched GEMMs.
+                         prefix: Optional[list[int]] = None, fp32_scores: bool = True) -> Tensor:
+    """Causal attention of each packed sequence (and of each query's items against it, see
+    query_attention.py), with batched GEMMs per sequence.
 
     The g query heads sharing a kv head are stacked into one [g*n, D] matrix (no K/V
     repeat); the causal mask is an additive bias, softmax in float32. On CPUs without AMX
     this runs ~2.5x faster than the flash kernel over a padded view, and with no padding.
     `fp32_scores` computes Q K^T from float32 copies (bf16 GEMM output would round the
-    logits). The sequences are shared out to one single-threaded worker per intra-op
-    thread: the per-sequence ops are too small to split well across OpenMP threads, and a
-    spinning OpenMP team stalls badly when another process holds a core.
-    q: [T, Hq, D], k/v: [T, Hkv, D] -> [T, Hq*D].
+    logits). The work (units: a sequence, or a run of a query's items) is shared out to one
+    single-threaded worker per intra-op thread: the per-sequence ops are too small to split
+    well across OpenMP threads, and a spinning OpenMP team stalls badly when another process
+    holds a core. q: [T, Hq, D], k/v: [T, Hkv, D] -> [T, Hq*D].
     """
     t, hq, d = q.shape
     out = torch.empty(t, k.shape[1], hq // k.shape[1], d, dtype=q.dtype, device=q.device)
     longest = max(e - s for s, e in spans)
     bias = torch.full((longest, longest), float("-inf"), device=q.device).triu_(1)
-    groups = _balance(spans, torch.get_num_threads())
+    threads = torch.get_num_threads()
+    groups = _balance(attention_units(spans, prefix, threads), threads)
     inference, grad = torch.is_inference_mode_enabled(), torch.is_grad_enabled()
 
-    def run(group: list[tuple[int, int]]) -> None:
+    def run(group: list[Unit]) -> None:
         with torch.inference_mode(inference), torch.set_grad_enabled(grad):  # thread-local modes
-            for start, end in group:
-                out[start:end] = _attend_one(q[start:end], k[start:end], v[start:end], bias, fp32_scores)
+            for unit in group:
+                _run_unit(out, q, k, v, unit, bias, fp32_scores)
 
     if len(groups) == 1:
         run(groups[0])
     else:
-        threads = torch.get_num_threads()
         list(_workers(len(groups)).map(run, groups))
         torch.set_num_threads(threads)  # see _single_threaded
     return out.view(t, hq * d)
+
+
+def _run_unit(out: Tensor, q: Tensor, k: Tensor, v: Tensor, unit: Unit, bias: Tensor, fp32: bool) -> None:
+    s, e = unit.span
+    if unit.own:
+        out[s:e] = _attend_one(q[s:e], k[s:e], v[s:e], bias, fp32)
+    if unit.items:
+        attend_items(out, q, k, v, unit, bias, fp32)
 
 
 def _attend_one(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, fp32_scores: bool) -> Tensor:
@@ -97,7 +112,7 @@ def _attend_one(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, fp32_scores: bool
     n, hq, d = q.shape
     hkv = k.shape[1]
     g = hq // hkv
-    qs = q.reshape(n, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * n, d)
+    qs = head_rows(q, hkv)
     ks, vs = k.transpose(0, 1), v.transpose(0, 1)  # [Hkv, n, D]
     if fp32_scores:
         qs, ks = qs.float(), ks.float()
@@ -107,15 +122,15 @@ def _attend_one(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, fp32_scores: bool
     return torch.matmul(p, vs).view(hkv, g, n, d).permute(2, 0, 1, 3)
 
 
-def _balance(spans: list[tuple[int, int]], parts: int) -> list[list[tuple[int, int]]]:
-    """Longest-first assignment of sequences to `parts` groups by attention work (n^2)."""
-    parts = max(1, min(parts, len(spans)))
-    groups: list[list[tuple[int, int]]] = [[] for _ in range(parts)]
+def _balance(units: list[Unit], parts: int) -> list[list[Unit]]:
+    """Largest-first assignment of units to `parts` groups by attention work."""
+    parts = max(1, min(parts, len(units)))
+    groups: list[list[Unit]] = [[] for _ in range(parts)]
     load = [0] * parts
-    for span in sorted(spans, key=lambda s: s[0] - s[1]):
+    for unit in sorted(units, key=lambda u: -u.work):
         i = load.index(min(load))
-        groups[i].append(span)
-        load[i] += (span[1] - span[0]) ** 2
+        groups[i].append(unit)
+        load[i] += unit.work
     return groups
 
 
@@ -143,8 +158,12 @@ def _workers(n: int) -> ThreadPoolExecutor:
 
 
 @torch.library.custom_op("bounded::varlen_attention", mutates_args=())
-def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor) -> Tensor:
-    """Causal attention within each packed sequence; cu_seqlens: [S+1] host int64 offsets.
+def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor,
+                     prefix: Optional[Tensor] = None) -> Tensor:
+    """Causal attention within each packed sequence; cu_seqlens: [S+1] host int64 offsets;
+    prefix: [S] host int64, -1 or the index of an earlier sequence every token of this one
+    also attends to (a query before its items; the items of one query follow it back to
+    back, and their positions continue the query's).
 
     An opaque op for torch.export/Inductor (the graph around it is compiled; this runs the
     CPU's fastest eager kernels). CPU tensors only: on a GPU the offsets would have to be
@@ -154,9 +173,10 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor) -> Ten
         raise ValueError("bounded::varlen_attention runs on CPU tensors; use the padded attention on "
                          f"{q.device.type}")
     offsets = cu_seqlens.tolist()
-    return varlen_attention_cpu(q, k, v, list(zip(offsets[:-1], offsets[1:])))
+    return varlen_attention_cpu(q, k, v, list(zip(offsets[:-1], offsets[1:])),
+                                None if prefix is None else prefix.tolist())
 
 
 @varlen_attention.register_fake
-def _(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor) -> Tensor:
+def _(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, prefix: Optional[Tensor] = None) -> Tensor:
     return q.new_empty(q.shape[0], q.shape[1] * q.shape[2])

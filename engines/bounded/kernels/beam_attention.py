@@ -7,7 +7,7 @@ rows, P prompt positions (padded to the batch's longest prompt), S suffix slots,
 Attention of a beam's new token = one softmax over [its request's prompt keys, its own
 suffix keys]. The prompt part is one batched matmul of all W beams' queries against the
 request's single prompt K/V (no per-beam copy); the suffix part is per beam; the two are
-merged by log-sum-exp. Attention runs in float32 (the K/V buffers are float32).
+merged by log-sum-exp (partial.py). Attention runs in float32 (the K/V buffers are float32).
 """
 from __future__ import annotations
 
@@ -16,18 +16,13 @@ import math
 import torch
 from torch import Tensor
 
+from engines.bounded.kernels.partial import merge_partials, partial_softmax
+
 
 def key_bias(valid: Tensor) -> Tensor:
     """bool -> additive float32 bias: 0 where valid, -inf elsewhere."""
     zero = torch.zeros((), dtype=torch.float32, device=valid.device)
     return torch.where(valid, zero, torch.full_like(zero, -math.inf))
-
-
-def _partial_softmax(scores: Tensor, v_matmul) -> tuple[Tensor, Tensor, Tensor]:
-    # scores: [..., N] -> (unnormalised output, row max [..., 1], row sum [..., 1])
-    m = scores.amax(-1, keepdim=True)
-    e = torch.exp(scores - m)
-    return v_matmul(e), m, e.sum(-1, keepdim=True)
 
 
 def shared_prefix_attention(q: Tensor, prompt_k: Tensor, prompt_v: Tensor, prompt_bias: Tensor,
@@ -43,15 +38,12 @@ def shared_prefix_attention(q: Tensor, prompt_k: Tensor, prompt_v: Tensor, promp
     # prompt part: per request and K/V head, all W*g queries in one matmul against its P keys
     qp = qf.reshape(r, w, hkv, g, d).permute(0, 2, 1, 3, 4).reshape(r, hkv, w * g, d)
     sp = torch.matmul(qp, prompt_k.transpose(-1, -2)) + prompt_bias  # [R, Hkv, W*g, P]
-    op, mp, lp = _partial_softmax(sp, lambda e: torch.matmul(e, prompt_v))  # [R, Hkv, W*g, D|1]
+    op, mp, lp = partial_softmax(sp, lambda e: torch.matmul(e, prompt_v))  # [R, Hkv, W*g, D|1]
     op, mp, lp = (t.reshape(r, hkv, w, g, -1).permute(0, 2, 1, 3, 4).reshape(r * w, hkv, g, -1)
                   for t in (op, mp, lp))  # -> [B, Hkv, g, D|1]
     # suffix part: each beam against its own S slots
     qs = qf.reshape(r * w, hkv, g, d)
     ss = torch.matmul(qs, suffix_k.permute(0, 2, 3, 1)) + suffix_bias  # [B, Hkv, g, S]
-    os_, ms, ls = _partial_softmax(ss, lambda e: torch.matmul(e, suffix_v.transpose(1, 2)))
-    # log-sum-exp merge of the two partial softmaxes
-    m = torch.maximum(mp, ms)
-    ap, as_ = torch.exp(mp - m), torch.exp(ms - m)
-    out = (op * ap + os_ * as_) / (lp * ap + ls * as_)  # [B, Hkv, g, D]
+    os_, ms, ls = partial_softmax(ss, lambda e: torch.matmul(e, suffix_v.transpose(1, 2)))
+    out = merge_partials((op, mp, lp), (os_, ms, ls))  # [B, Hkv, g, D]
     return out.reshape(r * w, h * d).to(q.dtype)

@@ -1,8 +1,9 @@
-"""The packed attention kernels against one SDPA per sequence, and their side effects on
-the process: the varlen attention's single-threaded workers must not make threads started
-later single-threaded too."""
+"""The packed attention kernels against one SDPA per sequence (and per concatenation for a
+query's items), and their side effects on the process: the varlen attention's
+single-threaded workers must not make threads started later single-threaded too."""
 from __future__ import annotations
 
+import random
 import threading
 
 import pytest
@@ -57,3 +58,81 @@ def packed_attention_loop(q, k, v, spans):
         o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
         out[start:end] = o.transpose(0, 1).reshape(end - start, -1)
     return out
+
+
+def concatenation_reference(q, k, v, spans, prefix):
+    """Each sequence by one causal SDPA in float64 over its prefix's rows then its own: what
+    scoring the concatenation query + item computes for the item's rows."""
+    out = torch.empty(q.shape[0], q.shape[1], q.shape[2], dtype=torch.float64)
+    for i, (s, e) in enumerate(spans):
+        rows = torch.arange(s, e)
+        if prefix[i] >= 0:
+            rows = torch.cat([torch.arange(*spans[prefix[i]]), rows])
+        qs, ks, vs = (t[rows].transpose(0, 1).double() for t in (q, k, v))
+        o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True).transpose(0, 1)
+        out[s:e] = o[len(rows) - (e - s):]
+    return out.reshape(q.shape[0], -1)
+
+
+def random_batch(rng, hq, hkv, d, dtype):
+    """Plain sequences and queries (1-300 tokens) with 1-32 items (1-200 tokens), mixed."""
+    lengths, prefix = [], []
+    for _ in range(rng.randint(1, 3)):
+        query = len(lengths)
+        lengths.append(rng.randint(1, 300))
+        prefix.append(-1)
+        if rng.random() < 0.25:
+            continue  # a plain sequence
+        for _ in range(rng.randint(1, 32)):
+            lengths.append(rng.randint(1, 200))
+            prefix.append(query)
+    b = pack([[0] * n for n in lengths], prefix=prefix)
+    t = b.num_tokens
+    q, k = (torch.randn(t, h, d).mul(2).to(dtype) for h in (hq, hkv))
+    return b, q, k, torch.randn(t, hkv, d).to(dtype)
+
+
+@pytest.mark.parametrize("hq, hkv, d", [(4, 2, 16), (14, 2, 64), (16, 8, 128)])
+def test_items_attend_to_their_query_as_their_concatenation_would(hq, hkv, d):
+    rng = random.Random(hq)
+    torch.manual_seed(hq)
+    for _ in range(3):
+        b, q, k, v = random_batch(rng, hq, hkv, d, torch.float32)
+        want = concatenation_reference(q, k, v, b.spans, b.prefix.tolist())
+        got = kernels.varlen_attention(q, k, v, b.cu_seqlens, b.prefix)
+        plain = kernels.varlen_attention(q, k, v, b.cu_seqlens)  # float32 rounding, no prefix
+        plain_err = (plain.double() - concatenation_reference(q, k, v, b.spans, [-1] * b.num_seqs)).abs().max()
+        # within float32 rounding of the exact answer, like the plain op
+        assert (got.double() - want).abs().max() < max(2e-5, 4 * plain_err)
+
+
+def test_bfloat16_items_stay_close_and_no_prefix_is_the_plain_op():
+    rng = random.Random(7)
+    b, q, k, v = random_batch(rng, 4, 2, 16, torch.bfloat16)
+    want = concatenation_reference(q, k, v, b.spans, b.prefix.tolist())
+    assert (kernels.varlen_attention(q, k, v, b.cu_seqlens, b.prefix).double() - want).abs().max() < 5e-2
+    none = torch.full_like(b.prefix, -1)
+    assert torch.equal(kernels.varlen_attention(q, k, v, b.cu_seqlens, none),
+                       kernels.varlen_attention(q, k, v, b.cu_seqlens))
+
+
+@pytest.mark.parametrize("prefix, msg", [([-1, 0, -1, 0], "must follow it back to back"),
+                                         ([1, -1, -1, -1], "must be an earlier sequence"),
+                                         ([-1, 0, 1, -1], "must be an earlier sequence without a prefix")])
+def test_malformed_prefixes_are_refused(prefix, msg):
+    b = pack([[0] * 3] * 4)
+    q, k, v = torch.randn(12, 4, 8), torch.randn(12, 2, 8), torch.randn(12, 2, 8)
+    with pytest.raises(ValueError, match=msg):
+        kernels.varlen_attention_cpu(q, k, v, list(b.spans), prefix)
+
+
+def test_one_querys_items_are_shared_out_to_the_workers():
+    from engines.bounded.kernels.query_attention import attention_units
+
+    spans = [(0, 30)] + [(30 + 10 * i, 40 + 10 * i) for i in range(7)] + [(100, 120)]
+    units = attention_units(spans, [-1] + [0] * 7 + [-1], parts=2)
+    own = [u for u in units if u.own]
+    runs = [u.items for u in units if u.items]
+    assert [u.span for u in own] == [(0, 30), (100, 120)] and all(not u.items for u in own)
+    assert len(runs) == 2 and [s for run in runs for s in run] == spans[1:8]  # every item once, in order
+    assert abs(len(runs[0]) - len(runs[1])) <= 1
