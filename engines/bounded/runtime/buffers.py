@@ -3,7 +3,8 @@ fills a prefix of them.
 
 Packing: the valid tokens of many sequences as one [T] sequence, and the one explicit
 metadata object (`PackedBatch`) the hot path reads: positions, padded-view indices, last
-rows, offsets; `PackBuffers` builds it once per batch on the host and sends it to the
+rows, offsets, and each sequence's prefix (a query request's items name their query, whose
+K/V they attend to and whose length their positions continue); `PackBuffers` builds it once per batch on the host and sends it to the
 device in one non-blocking copy (staging.py). `BeamBuffers`: the prompt K/V (written once
 per batch), each beam's suffix K/V in two ping-pong buffers, the head's output rows, the
 decode step's inputs.
@@ -27,12 +28,13 @@ class PackedBatch:
     """A packed batch's metadata, on the device (views of the staging buffer)."""
 
     tokens: Tensor  # [T] int64 token ids, sequences back to back
-    positions: Tensor  # [T] position of each token within its sequence
+    positions: Tensor  # [T] position of each token (after its sequence's prefix, if any)
     pad_index: Tensor  # [S, L] packed row of (sequence, position); past the end: the last row
     unpad_index: Tensor  # [T] row of the flattened [S*L] padded view for each token
     last_index: Tensor  # [S] packed row of each sequence's last token
     spans: tuple[tuple[int, int], ...]  # host copy: (start, end) of each sequence
     cu_seqlens: Tensor  # [S+1] int64 sequence offsets (start of each, then T); the host's on a CPU
+    prefix: Tensor  # [S] int64: -1, or the earlier sequence (a query) this one continues
 
     @property
     def num_tokens(self) -> int:
@@ -54,56 +56,68 @@ class PackBuffers:
     sent to the device in one non-blocking copy (`extra` slots more for the caller's own
     per-batch ints, e.g. label ids, through `self.staging.put` after `pack`)."""
 
-    def __init__(self, max_tokens: int, max_seqs: int, max_len: int, device: torch.device, extra: int = 0):
+    def __init__(self, max_tokens: int, max_seqs: int, max_len: int, device: torch.device, extra: int = 0,
+                 max_positions: Optional[int] = None):
         self.max_tokens, self.max_seqs, self.max_len = max_tokens, max_seqs, max_len
+        self.max_positions = max_positions or max_len  # an item's positions continue its query's
         # no sequence is longer than the token budget, so S*L <= max_seqs * min(max_len, budget)
         pad = max_seqs * min(max_len, max_tokens)
-        self.staging = Staging(3 * max_tokens + pad + 2 * max_seqs + 1 + extra, torch.device(device))
+        self.staging = Staging(3 * max_tokens + pad + 3 * max_seqs + 1 + extra, torch.device(device))
 
-    def pack(self, seqs: Sequence[Sequence[int]]) -> PackedBatch:
-        """Starts a batch on the staging buffer (anything `put` there later rides along)."""
+    def pack(self, seqs: Sequence[Sequence[int]], prefix: Optional[Sequence[int]] = None) -> PackedBatch:
+        """Starts a batch on the staging buffer (anything `put` there later rides along).
+        `prefix[i]`: -1, or the index of the earlier sequence (a query) that sequence i
+        continues; the sequences naming one prefix follow it back to back."""
         lengths = [len(s) for s in seqs]
         total, n, longest = sum(lengths), len(seqs), max(lengths)
-        if n > self.max_seqs or total > self.max_tokens or longest > self.max_len or min(lengths) < 1:
-            raise ValueError(f"batch of {n} sequences, {total} tokens, longest {longest} is outside "
-                             f"the planned buffers ({self.max_seqs} sequences, {self.max_tokens} "
-                             f"tokens, {self.max_len} per sequence, none empty)")
-        meta = _index_arrays(torch.tensor(lengths), longest)
+        prefix = list(prefix) if prefix is not None else [-1] * n
+        offset = [lengths[p] if p >= 0 else 0 for p in prefix]
+        reach = max(o + l for o, l in zip(offset, lengths))
+        if (n > self.max_seqs or total > self.max_tokens or longest > self.max_len or min(lengths) < 1
+                or reach > self.max_positions):
+            raise ValueError(f"batch of {n} sequences, {total} tokens, longest {longest}, positions up to "
+                             f"{reach} is outside the planned buffers ({self.max_seqs} sequences, "
+                             f"{self.max_tokens} tokens, {self.max_len} per sequence, {self.max_positions} "
+                             "positions, none empty)")
+        meta = _index_arrays(torch.tensor(lengths), longest, torch.tensor(offset))
         meta["tokens"] = torch.tensor([t for s in seqs for t in s], dtype=torch.int64)
+        meta["prefix"] = torch.tensor(prefix, dtype=torch.int64)
         st = self.staging
         st.begin()
         views = {}
-        for name in ("tokens", "positions", "unpad_index", "last_index", "pad_index", "cu_seqlens"):
+        for name in ("tokens", "positions", "unpad_index", "last_index", "pad_index", "cu_seqlens", "prefix"):
             host, views[name] = st.reserve(meta[name].numel())
             host.copy_(meta[name].reshape(-1))
         st.flush()
         spans = tuple((e - l, e) for e, l in zip(meta["cu_seqlens"][1:].tolist(), lengths))
-        tokens, positions, unpad, last, pad, cu = views.values()
-        return PackedBatch(tokens, positions, pad.view(n, longest), unpad, last, spans, cu)
+        tokens, positions, unpad, last, pad, cu, pre = views.values()
+        return PackedBatch(tokens, positions, pad.view(n, longest), unpad, last, spans, cu, pre)
 
 
-def _index_arrays(lengths: Tensor, longest: int) -> dict[str, Tensor]:
-    # lengths: [S] -> the index tensors of a PackedBatch (host side, int64)
+def _index_arrays(lengths: Tensor, longest: int, offset: Tensor) -> dict[str, Tensor]:
+    # lengths, offset (the prefix length before each sequence): [S] -> the index tensors of
+    # a PackedBatch (host side, int64)
     ends = lengths.cumsum(0)
     starts = ends - lengths
     seq_of_token = torch.repeat_interleave(torch.arange(len(lengths)), lengths)  # [T]
-    positions = torch.arange(int(ends[-1])) - starts[seq_of_token]
+    within = torch.arange(int(ends[-1])) - starts[seq_of_token]  # [T] index within the own tokens
     cols = torch.arange(longest)[None, :]  # [1, L]
     pad_index = starts[:, None] + torch.minimum(cols, lengths[:, None] - 1)  # [S, L]
     return {
         "cu_seqlens": torch.cat([starts, ends[-1:]]),
-        "positions": positions,
+        "positions": within + offset[seq_of_token],
         "pad_index": pad_index,
-        "unpad_index": seq_of_token * longest + positions,
+        "unpad_index": seq_of_token * longest + within,
         "last_index": ends - 1,
     }
 
 
-def pack(seqs: Sequence[Sequence[int]], device: torch.device | str = "cpu") -> PackedBatch:
+def pack(seqs: Sequence[Sequence[int]], device: torch.device | str = "cpu",
+         prefix: Optional[Sequence[int]] = None) -> PackedBatch:
     """Pack into buffers of exactly this size (export examples, tests)."""
     lengths = [len(s) for s in seqs]
-    bufs = PackBuffers(sum(lengths), len(seqs), max(lengths), torch.device(device))
-    return bufs.pack(seqs)
+    bufs = PackBuffers(sum(lengths), len(seqs), max(lengths), torch.device(device), max_positions=2 * max(lengths))
+    return bufs.pack(seqs, prefix)
 
 
 def example_batch(n: int, length: int, device: torch.device) -> PackedBatch:

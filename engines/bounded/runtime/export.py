@@ -32,17 +32,17 @@ class Export:
 
 def score_prefill(plan: PrefillPlan, build: Callable[[], nn.Module], device: torch.device) -> Export:
     """programs.prefill.ScorePrefill(tokens, positions, cu_seqlens, pad_index, unpad_index,
-    last_index, label_ids)."""
+    last_index, prefix, label_ids)."""
     n = max(2, min(plan.max_seqs, 15, plan.max_tokens // 2))
     length = _apart(n, max(2, min(plan.max_len, 96, plan.max_tokens // n)))
     b = example_batch(n, length, device)
-    example = (*(t.clone() for t in b.varlen_args()), torch.tensor([1, 2], device=device))
+    example = (*(t.clone() for t in b.varlen_args()), b.prefix.clone(), torch.tensor([1, 2], device=device))
     t = Dim("tokens", min=1, max=max(2, plan.max_tokens))
     s = Dim("seqs", min=1, max=max(2, plan.max_seqs))
     longest = Dim("longest", min=1, max=max(3, plan.max_len))
     labels = Dim("labels", min=1, max=max(2, plan.max_labels))
     return Export("score_prefill", plan, build, example,
-                  ({0: t}, {0: t}, {0: s + 1}, {0: s, 1: longest}, {0: t}, {0: s}, {0: labels}))
+                  ({0: t}, {0: t}, {0: s + 1}, {0: s, 1: longest}, {0: t}, {0: s}, {0: s}, {0: labels}))
 
 
 def beam_prefill(plan: BeamPlan, build: Callable[[], nn.Module], device: torch.device) -> Export:

@@ -52,13 +52,15 @@ class PrefillRuntime(CompiledRuntime):
 
     # --- serve --------------------------------------------------------------------------
 
-    def pack(self, seqs: Sequence[Sequence[int]], label_ids: Sequence[int]) -> tuple[PackedBatch, Tensor]:
-        """-> the batch's metadata and its label ids [N], on the device."""
-        packed = self.buffers.pack(seqs)
+    def pack(self, seqs: Sequence[Sequence[int]], label_ids: Sequence[int],
+             prefix: Optional[Sequence[int]] = None) -> tuple[PackedBatch, Tensor]:
+        """-> the batch's metadata and its label ids [N], on the device. prefix[i]: -1, or the
+        query sequence i continues (buffers.PackBuffers.pack)."""
+        packed = self.buffers.pack(seqs, prefix)
         return packed, self.buffers.staging.put(label_ids)
 
     def run(self, batch: PackedBatch, label_ids: Tensor) -> Tensor:
         """-> label logits [S, N] float32 on the CPU (the one wait for the device)."""
         with torch.inference_mode():
-            out = self._graph(*batch.varlen_args(), label_ids)
+            out = self._graph(*batch.varlen_args(), batch.prefix, label_ids)
         return out.float().cpu()

@@ -74,7 +74,7 @@ def test_prefill_on_cuda_matches_transformers_without_host_sync(tiny_dir):
     for _ in range(2):  # the second batch reuses the staging buffer
         packed, label_ids = rt.pack(seqs, labels)
         with no_host_sync(), torch.inference_mode():
-            logits = rt._graph(*packed.varlen_args(), label_ids)
+            logits = rt._graph(*packed.varlen_args(), packed.prefix, label_ids)
         got = torch.softmax(logits.float().cpu(), -1)
         assert (got - reference(tiny_dir).scores(seqs, labels)).abs().max().item() < 1e-3
 

@@ -19,7 +19,8 @@ from ..conftest import random_seqs, reference
 def _scores(model_dir, dtype, seqs, labels, attention="per_sequence"):
     prog = ScorePrefill(load_model(model_dir, PrecisionPolicy(dtype)), attention)
     with torch.no_grad():
-        return torch.softmax(prog(*pack(seqs).varlen_args(), torch.tensor(labels)), -1)
+        b = pack(seqs)
+        return torch.softmax(prog(*b.varlen_args(), b.prefix, torch.tensor(labels)), -1)
 
 
 @pytest.mark.parametrize("attention", ATTENTIONS)  # padded: the GPU's attention, run here

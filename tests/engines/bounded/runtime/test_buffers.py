@@ -21,6 +21,19 @@ def test_pack_lays_out_tokens_and_indices():
     tokens, positions, cu, pad, unpad, last = b.varlen_args()
     assert tokens is b.tokens and cu is b.cu_seqlens and pad is b.pad_index and last is b.last_index
     assert unpad is b.unpad_index and positions is b.positions
+    assert b.prefix.tolist() == [-1, -1, -1]  # no query requests: every sequence on its own
+
+
+def test_items_continue_their_query():
+    # a plain sequence, then a query of 3 tokens and its two items
+    b = pack([[1, 2], [5, 6, 7], [8], [9, 10]], prefix=[-1, -1, 1, 1])
+    assert b.positions.tolist() == [0, 1, 0, 1, 2, 3, 3, 4]  # an item's positions follow its query's
+    assert b.prefix.tolist() == [-1, -1, 1, 1] and b.last_index.tolist() == [1, 4, 5, 7]
+    assert b.unpad_index.tolist() == [0, 1, 3, 4, 5, 6, 9, 10]  # the padded view is of the own tokens
+    bufs = PackBuffers(max_tokens=10, max_seqs=3, max_len=4, device=torch.device("cpu"), max_positions=5)
+    with pytest.raises(ValueError, match="positions up to 6 .* 5 positions"):
+        bufs.pack([[1, 2, 3, 4], [5, 6]], prefix=[-1, 0])
+    assert bufs.pack([[1, 2, 3, 4], [5]], prefix=[-1, 0]).positions.tolist() == [0, 1, 2, 3, 4]
 
 
 def test_batches_fill_the_same_staging_buffer():

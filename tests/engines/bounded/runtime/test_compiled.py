@@ -67,6 +67,11 @@ def test_compile_once_then_load_and_recompile_on_key_change(engine_factory, cach
     ref = reference(first.config.model_dir)
     for r, res in zip(reqs, got):
         assert (torch.tensor(res.scores) - ref.scores(r.samples, r.labels)).abs().max().item() < 1e-4
+    # the package also runs a query shared by its items (the attention op's prefix argument)
+    query, items = list(range(100, 130)), [[5, 6, 7], list(range(200, 218)), [9]]
+    shared = asyncio.run(first.submit(PrefillRequest.with_query("q", query, items, [11, 22])))
+    want = ref.scores([query + i for i in items], [11, 22])
+    assert (torch.tensor(shared.scores) - want).abs().max().item() < 1e-4
 
     second = engine_factory()  # same key: loads the cached package
     assert _package(second)["compiled_now"] is False
