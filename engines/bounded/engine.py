@@ -46,6 +46,7 @@ def policy_for(config: EngineConfig, options: BoundedOptions) -> PrecisionPolicy
 
 class BoundedEngine(Engine):
     name = "bounded"
+    takes_query_requests = True  # tasks/prefill.py: the query prefilled once, its items sharing it
 
     def __init__(self, config: EngineConfig):
         super().__init__(config)
@@ -154,7 +155,8 @@ class BoundedEngine(Engine):
             **self._mode(),
             "bounds": {"max_samples_per_request": b.max_samples_per_request,
                        "max_prompt_tokens": b.max_prompt_tokens, "max_beam_width": b.max_beam_width,
-                       "max_decode_steps": b.max_decode_steps, "on_violation": b.on_violation},
+                       "max_decode_steps": b.max_decode_steps, "max_query_tokens": b.max_query_tokens,
+                       "max_item_tokens": b.max_item_tokens, "on_violation": b.on_violation},
             "batching": {"max_wait_ms": self.options.max_wait_ms},
             "serves": list(self.tasks),
             **{kind: task.describe() for kind, task in self.tasks.items()},

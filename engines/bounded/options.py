@@ -33,6 +33,7 @@ class BoundedOptions:
     fp8: tuple[str, ...] = ()  # GEMM groups to run in FP8 (CUDA, compute capability >= 8.9)
     prefill_attention: str = "auto"  # packed prefill attention: auto (the device's best), per_sequence, padded
     cuda_graphs: bool = True  # on a GPU: capture the beam decode steps as CUDA graphs at start
+    share_query: bool = True  # a query request: prefill the query once, its items share its K/V
     gate: str = "refuse"  # the accuracy gate's mode: GATE_MODES
 
     def gemm_kinds(self) -> dict[str, str]:
@@ -57,8 +58,9 @@ class BoundedOptions:
                     values[name] = int(values[name])
             if "max_wait_ms" in values:
                 values["max_wait_ms"] = float(values["max_wait_ms"])
-            if "cuda_graphs" in values:
-                values["cuda_graphs"] = _flag(values["cuda_graphs"])
+            for name in ("cuda_graphs", "share_query"):
+                if name in values:
+                    values[name] = _flag(values[name])
         except (TypeError, ValueError) as e:
             raise OptionError(f"bounded-engine option: {e}") from e
         opts = cls(**values)

@@ -1,9 +1,16 @@
 """The prefill_only task: tokenize -> pack -> prefill -> score -> format.
 
-`tokenize` is request-scoped (it validates one business request against the bounds, so a
-bad request fails alone, before batching); the rest run once per merged batch of requests.
-`PrefillUsage` is the batcher's rule: packed tokens, sequences and distinct labels under
-the plan's budget.
+`tokenize` is request-scoped (the shared request check, engines/validate.py, against the
+bounds, so a bad request fails alone, before batching); the rest run once per merged batch
+of requests. `PrefillUsage` is the batcher's rule: packed tokens, sequences and distinct
+labels under the plan's budget.
+
+A query request (query + items; sample i = query + item_i) is packed as its query followed
+by its items, each item naming the query as its prefix: the query is prefilled once, and
+each item attends to the query's K/V plus its own tokens (kernels/query_attention.py), so
+the answer is that of its concatenation at the cost of the query once. With the engine
+option `share_query: false`, or on the padded attention (which has no prefix path yet), it
+is packed as its concatenations instead, like any samples.
 """
 from __future__ import annotations
 
@@ -23,16 +30,18 @@ from engines.bounded.tasks.base import Task
 from engines.bounded.tasks.batcher import Pending
 from engines.bounded.tasks.dag import Dag, Node
 from engines.bounded.tasks.gate import Distance
-from engines.tokens import apply_bounds, encode, label_ids
+from engines.validate import Limits, RequestChecker
 
 
 @dataclass(frozen=True)
 class ScoreItem:
-    """One request, tokenized and checked (the request scope's output)."""
+    """One request, tokenized and checked (the request scope's output): the sequences it
+    packs (`shared`: seqs[0] is a query the others continue, and is not scored)."""
 
     id: str
     seqs: list[list[int]]
     label_ids: list[int]
+    shared: bool = False
 
 
 @dataclass(frozen=True)
@@ -41,7 +50,7 @@ class ScoreBatch:
 
     packed: PackedBatch
     label_union: Tensor  # [N] the distinct label ids of all requests, on the device
-    rows: list[tuple[int, int]]  # per request: its sequences' [start, end) in the batch
+    rows: list[tuple[int, int]]  # per request: its scored sequences' [start, end) in the batch
     cols: list[Tensor]  # per request: its labels' columns of label_union
 
 
@@ -67,7 +76,12 @@ class PrefillTask(Task):
     kind = PREFILL_ONLY
     runtime: PrefillRuntime
 
-    def __init__(self, runtime: PrefillRuntime, bounds: Bounds, plan: PrefillPlan):
+    def __init__(self, runtime: PrefillRuntime, bounds: Bounds, plan: PrefillPlan, share_query: bool = True):
+        # the prefix path is the per-sequence attention's (the padded one has none yet)
+        self.share_query = share_query and runtime.attention == "per_sequence"
+        self.share_note = None if self.share_query or not share_query else \
+            f"off: the {runtime.attention} attention has no prefix path yet (query requests scored as concatenations)"
+        self.checker: RequestChecker | None = None
         super().__init__(runtime, bounds, plan, Dag([
             Node("tokenize", self.tokenize, ("request",), scope="request"),
             Node("pack", self.pack, ("items",)),
@@ -81,15 +95,23 @@ class PrefillTask(Task):
                log: Callable[[str], None]) -> "PrefillTask":
         runtime = PrefillRuntime(config.model_dir, policy, config.device, plan.prefill, options.compile, log,
                                  options.prefill_attention)
-        return cls(runtime, config.bounds, plan.prefill)
+        return cls(runtime, config.bounds, plan.prefill, options.share_query)
+
+    def start(self, tokenizer) -> None:
+        self.checker = RequestChecker(Limits.for_model(self.runtime.model_dir, self.bounds), tokenizer)
+        super().start(tokenizer)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "share_query": self.share_note or self.share_query}
 
     def usage(self) -> PrefillUsage:
         return PrefillUsage(self.plan)
 
     def warm_up(self) -> None:
-        p = self.plan  # a small call: 3 sequences of 7 tokens, or what fits
+        p = self.plan  # a small call: 3 sequences of 7 tokens (a query and two items), or what fits
         n = min(p.max_seqs, 3)
-        self.run([ScoreItem("warm-up", [[0] * max(1, min(p.max_len, 7, p.max_tokens // n))] * n, [0, 1])], {})
+        seqs = [[0] * max(1, min(p.max_len // 2, 7, p.max_tokens // n))] * n
+        self.run([ScoreItem("warm-up", seqs, [0, 1], shared=n > 1 and self.share_query)], {})
 
     # --- accuracy gate (tasks/gate.py) ------------------------------------------------------
 
@@ -116,32 +138,29 @@ class PrefillTask(Task):
     # --- nodes ----------------------------------------------------------------------------
 
     def tokenize(self, req: PrefillRequest) -> ScoreItem:
-        labels = label_ids(self.tokenizer, req.labels)
-        if not labels or len(labels) > self.plan.max_labels or len(set(labels)) != len(labels):
-            raise RequestRejected(f"{len(labels)} labels {labels}: give 1..{self.plan.max_labels} "
-                                  "distinct labels")
-        texts = [s for s in req.samples if isinstance(s, str)]
-        encoded = iter(self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else [])
-        seqs = [list(next(encoded)) if isinstance(s, str) else encode(self.tokenizer, s)
-                for s in req.samples]
-        seqs = apply_bounds(self.bounds, seqs)
-        bad = [t for t in labels + [t for s in seqs for t in s] if not 0 <= t < self.vocab]
-        if bad:
-            raise RequestRejected(f"token ids outside the vocabulary [0, {self.vocab}): {bad[:5]}")
+        checked = self.checker.prefill(req)  # types, ids, labels and bounds, as every engine checks
+        labels = checked.labels
+        if len(labels) > self.plan.max_labels:
+            raise RequestRejected(f"{len(labels)} labels > {self.plan.max_labels} (engine option max_labels)")
+        shared = self.share_query and checked.query_len > 0
+        seqs = [checked.query] + checked.items if shared else checked.seqs
         total = sum(map(len, seqs))
-        if total > self.plan.max_tokens:
-            raise RequestRejected(f"{total} tokens exceed the batch budget of {self.plan.max_tokens} "
-                                  "(engine option max_batch_tokens)")
-        return ScoreItem(req.id, seqs, labels)
+        if total > self.plan.max_tokens or len(seqs) > self.plan.max_seqs:
+            raise RequestRejected(f"{len(seqs)} sequences of {total} tokens exceed the batch budget of "
+                                  f"{self.plan.max_seqs} sequences, {self.plan.max_tokens} tokens "
+                                  "(engine options max_batch_seqs, max_batch_tokens)")
+        return ScoreItem(req.id, seqs, labels, shared)
 
     def pack(self, items: list[ScoreItem]) -> ScoreBatch:
         union = sorted({t for it in items for t in it.label_ids})
         col = {t: i for i, t in enumerate(union)}
-        rows, seqs = [], []
+        rows, seqs, prefix = [], [], []
         for it in items:
-            rows.append((len(seqs), len(seqs) + len(it.seqs)))
+            start = len(seqs)
+            prefix += [-1] + [start] * (len(it.seqs) - 1) if it.shared else [-1] * len(it.seqs)
             seqs.extend(it.seqs)
-        packed, labels = self.runtime.pack(seqs, union)
+            rows.append((start + it.shared, len(seqs)))  # a shared query is not scored
+        packed, labels = self.runtime.pack(seqs, union, prefix)
         return ScoreBatch(packed, labels, rows, [torch.tensor([col[t] for t in it.label_ids]) for it in items])
 
     def prefill(self, batch: ScoreBatch) -> Tensor:

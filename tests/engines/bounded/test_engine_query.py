@@ -134,3 +134,17 @@ def test_query_bounds_reject_or_truncate_per_request(tiny_dir):
         cut.stop()
     want = reference(tiny_dir).scores([list(range(4, 12)) + list(range(24, 30))] * 3, [1, 2])  # ends kept, 3 items
     assert (torch.tensor(res.scores) - want).abs().max().item() < 1e-4
+
+
+def test_padded_attention_scores_query_requests_as_concatenations(tiny_dir):
+    """The GPU's padded attention (run here) has no prefix path: sharing is off and says so."""
+    engine = start(tiny_dir, bounds=BOUNDS, prefill_attention="padded")
+    try:
+        requests = query_requests(random.Random(14), 4)
+        results = run_concurrently(engine, requests)
+        note = engine.describe()["prefill_only"]["share_query"]
+    finally:
+        engine.stop()
+    errs, agree = compare(tiny_dir, requests, results)
+    assert errs.max().item() < 1e-4 and agree.min().item() == 1.0
+    assert note.startswith("off: the padded attention has no prefix path yet")
