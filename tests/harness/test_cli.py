@@ -91,13 +91,30 @@ def test_infer_query_requests_answer_like_their_concatenations(tmp_path):
 
 
 def test_run_query_scenario_counts_the_concatenations(tmp_path):
-    out = tmp_path / "run"
-    res = CliRunner().invoke(app, ["run", str(SCENARIOS / "smoke_relevance.yaml"), "--requests", "3",
-                                   "--peak-tflops", "0.5", "--out", str(out)])
+    import yaml
+
+    data = yaml.safe_load((SCENARIOS / "smoke_relevance.yaml").read_text())
+    for e in data["engines"]:  # eager: this test is about the run, not the compiler
+        if isinstance(e, dict) and e["name"] == "bounded":
+            e["compile"] = "eager"
+    data["engines"] = [{"name": "bounded", "compile": "eager"} if e == "bounded" else e for e in data["engines"]]
+    path, out = tmp_path / "smoke_relevance.yaml", tmp_path / "run"
+    path.write_text(yaml.safe_dump(data))
+    res = CliRunner().invoke(app, ["run", str(path), "--requests", "3", "--peak-tflops", "0.5", "--out", str(out)])
     assert res.exit_code == 0, res.output
     rows = {(r["engine"], r["load_value"]): r for r in csv.DictReader(open(out / "results.csv"))}
-    assert {e for e, _ in rows} == {"hf", "noop"}
+    assert {e for e, _ in rows} == {"bounded", "bounded-noshare", "hf", "noop"}  # one engine twice, by label
     assert all(r["errors"] == "0" for r in rows.values())
+    answers = {}
+    for line in map(json.loads, (out / "outputs.jsonl").read_text().splitlines()):
+        answers.setdefault(line["id"], {})[line["engine"]] = line["scores"]
+    for by_engine in answers.values():  # sharing the query or not, the concatenations' answers
+        for name in ("bounded", "bounded-noshare"):
+            for got, want in zip(by_engine[name], by_engine["hf"], strict=True):
+                assert got == pytest.approx(want, abs=1e-4)
+    engines = {e["name"]: e["describe"] for e in json.loads((out / "run.json").read_text())["engines"]}
+    assert engines["bounded"]["prefill_only"]["share_query"] is True
+    assert engines["bounded-noshare"]["prefill_only"]["share_query"] is False
     reqs = [r for r in csv.DictReader(open(out / "requests.csv")) if r["engine"] == "hf"]
     run = json.loads((out / "run.json").read_text())
     assert "full concatenation query + item_i" in run["mfu_formula"]
