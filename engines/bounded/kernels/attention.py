@@ -10,9 +10,12 @@
   (built once per batch by the packer), one flash SDPA, gather back. No host tensor and no
   host sync inside the graph, and one kernel per layer instead of one per sequence.
 
-The padded attention has no prefix path yet (the prefill task packs a query request's
-concatenations for it). Shapes: T packed tokens, S sequences, L the longest sequence of a
-batch, Hq query heads, Hkv K/V heads, D head dim.
+  It shares a query the same way through the indices alone: an item's padded row is its
+  query's rows then its own (runtime/buffers.py), so the query's K/V are gathered, not
+  recomputed, and the causal mask is that of the concatenation.
+
+Shapes: T packed tokens, S sequences, L the longest sequence (with its prefix) of a batch,
+Hq query heads, Hkv K/V heads, D head dim.
 """
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ def attention_for(device: torch.device) -> str:
 def packed_attention(kind: str, cu_seqlens: Tensor, pad_index: Tensor, unpad_index: Tensor,
                      prefix: Optional[Tensor] = None) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
     """attend(q, k, v) -> [T, Hq*D] over one packed batch's metadata (PackedBatch), by kind;
-    `prefix` (per_sequence only): each sequence's prefix, -1 for none."""
+    `prefix`: each sequence's prefix, -1 for none (the padded kind reads it from its indices)."""
     if kind == "padded":
         return lambda q, k, v: packed_attention_padded(q, k, v, pad_index, unpad_index)
     if kind == "per_sequence":
@@ -51,9 +54,10 @@ def packed_attention_padded(q: Tensor, k: Tensor, v: Tensor, pad_index: Tensor,
     """Causal attention within each packed sequence, as one batched SDPA over a padded view.
 
     q: [T, Hq, D], k/v: [T, Hkv, D]; pad_index: [S, L] packed row of (sequence, position),
-    positions past a sequence's end point at any of its rows; unpad_index: [T] row of the
-    flattened [S*L] padded output for each packed token. Causality keeps every real query
-    away from the padding keys, so no mask is needed. Returns [T, Hq*D].
+    the prefix's rows first where a sequence has one, positions past a sequence's end point
+    at any of its rows; unpad_index: [T] row of the flattened [S*L] padded output for each
+    packed token. Causality keeps every real query away from the padding keys, so no mask is
+    needed. Returns [T, Hq*D].
     """
     s, l = pad_index.shape
     qp = q[pad_index].transpose(1, 2)  # [S, Hq, L, D]

@@ -4,8 +4,8 @@ fills a prefix of them.
 Packing: the valid tokens of many sequences as one [T] sequence, and the one explicit
 metadata object (`PackedBatch`) the hot path reads: positions, padded-view indices, last
 rows, offsets, and each sequence's prefix (a query request's items name their query, whose
-K/V they attend to and whose length their positions continue); `PackBuffers` builds it once per batch on the host and sends it to the
-device in one non-blocking copy (staging.py). `BeamBuffers`: the prompt K/V (written once
+K/V they attend to and whose length their positions continue); `PackBuffers` builds it once
+per batch on the host and sends it to the device in one non-blocking copy (staging.py). `BeamBuffers`: the prompt K/V (written once
 per batch), each beam's suffix K/V in two ping-pong buffers, the head's output rows, the
 decode step's inputs.
 """
@@ -29,7 +29,7 @@ class PackedBatch:
 
     tokens: Tensor  # [T] int64 token ids, sequences back to back
     positions: Tensor  # [T] position of each token (after its sequence's prefix, if any)
-    pad_index: Tensor  # [S, L] packed row of (sequence, position); past the end: the last row
+    pad_index: Tensor  # [S, L] packed row of (sequence, position in prefix + own tokens); past the end: the last row
     unpad_index: Tensor  # [T] row of the flattened [S*L] padded view for each token
     last_index: Tensor  # [S] packed row of each sequence's last token
     spans: tuple[tuple[int, int], ...]  # host copy: (start, end) of each sequence
@@ -60,8 +60,9 @@ class PackBuffers:
                  max_positions: Optional[int] = None):
         self.max_tokens, self.max_seqs, self.max_len = max_tokens, max_seqs, max_len
         self.max_positions = max_positions or max_len  # an item's positions continue its query's
-        # no sequence is longer than the token budget, so S*L <= max_seqs * min(max_len, budget)
-        pad = max_seqs * min(max_len, max_tokens)
+        # the padded view's rows are the concatenations prefix + own tokens, none longer than
+        # the token budget, so S*L <= max_seqs * min(max_positions, budget)
+        pad = max_seqs * min(self.max_positions, max_tokens)
         self.staging = Staging(3 * max_tokens + pad + 3 * max_seqs + 1 + extra, torch.device(device))
 
     def pack(self, seqs: Sequence[Sequence[int]], prefix: Optional[Sequence[int]] = None) -> PackedBatch:
@@ -71,6 +72,8 @@ class PackBuffers:
         lengths = [len(s) for s in seqs]
         total, n, longest = sum(lengths), len(seqs), max(lengths)
         prefix = list(prefix) if prefix is not None else [-1] * n
+        if len(prefix) != n or any(p >= i or (p >= 0 and prefix[p] >= 0) for i, p in enumerate(prefix)):
+            raise ValueError(f"prefix {prefix}: each entry -1 or an earlier sequence without a prefix")
         offset = [lengths[p] if p >= 0 else 0 for p in prefix]
         reach = max(o + l for o, l in zip(offset, lengths))
         if (n > self.max_seqs or total > self.max_tokens or longest > self.max_len or min(lengths) < 1
@@ -79,7 +82,7 @@ class PackBuffers:
                              f"{reach} is outside the planned buffers ({self.max_seqs} sequences, "
                              f"{self.max_tokens} tokens, {self.max_len} per sequence, {self.max_positions} "
                              "positions, none empty)")
-        meta = _index_arrays(torch.tensor(lengths), longest, torch.tensor(offset))
+        meta = _index_arrays(torch.tensor(lengths), torch.tensor(prefix))
         meta["tokens"] = torch.tensor([t for s in seqs for t in s], dtype=torch.int64)
         meta["prefix"] = torch.tensor(prefix, dtype=torch.int64)
         st = self.staging
@@ -91,23 +94,30 @@ class PackBuffers:
         st.flush()
         spans = tuple((e - l, e) for e, l in zip(meta["cu_seqlens"][1:].tolist(), lengths))
         tokens, positions, unpad, last, pad, cu, pre = views.values()
-        return PackedBatch(tokens, positions, pad.view(n, longest), unpad, last, spans, cu, pre)
+        return PackedBatch(tokens, positions, pad.view(n, reach), unpad, last, spans, cu, pre)
 
 
-def _index_arrays(lengths: Tensor, longest: int, offset: Tensor) -> dict[str, Tensor]:
-    # lengths, offset (the prefix length before each sequence): [S] -> the index tensors of
-    # a PackedBatch (host side, int64)
+def _index_arrays(lengths: Tensor, prefix: Tensor) -> dict[str, Tensor]:
+    # lengths, prefix: [S] -> the index tensors of a PackedBatch (host side, int64). A
+    # sequence with a prefix continues it: its positions follow the prefix's, and its row of
+    # the padded view is the concatenation prefix + own tokens (the prefix's K/V gathered,
+    # not recomputed), so the padded attention's causal mask is the concatenation's.
     ends = lengths.cumsum(0)
     starts = ends - lengths
+    has = prefix >= 0
+    offset = torch.where(has, lengths[prefix.clamp(min=0)], 0)  # [S] prefix length before each
+    head = torch.where(has, starts[prefix.clamp(min=0)], 0)  # [S] the prefix's first row
     seq_of_token = torch.repeat_interleave(torch.arange(len(lengths)), lengths)  # [T]
     within = torch.arange(int(ends[-1])) - starts[seq_of_token]  # [T] index within the own tokens
+    longest = int((offset + lengths).max())  # L: the longest concatenation
     cols = torch.arange(longest)[None, :]  # [1, L]
-    pad_index = starts[:, None] + torch.minimum(cols, lengths[:, None] - 1)  # [S, L]
+    own = starts[:, None] + torch.minimum((cols - offset[:, None]).clamp(min=0), lengths[:, None] - 1)
+    pad_index = torch.where(cols < offset[:, None], head[:, None] + cols, own)  # [S, L]; past the end: the last row
     return {
         "cu_seqlens": torch.cat([starts, ends[-1:]]),
         "positions": within + offset[seq_of_token],
         "pad_index": pad_index,
-        "unpad_index": seq_of_token * longest + within,
+        "unpad_index": seq_of_token * longest + offset[seq_of_token] + within,
         "last_index": ends - 1,
     }
 

@@ -9,8 +9,7 @@ A query request (query + items; sample i = query + item_i) is packed as its quer
 by its items, each item naming the query as its prefix: the query is prefilled once, and
 each item attends to the query's K/V plus its own tokens (kernels/query_attention.py), so
 the answer is that of its concatenation at the cost of the query once. With the engine
-option `share_query: false`, or on the padded attention (which has no prefix path yet), it
-is packed as its concatenations instead, like any samples.
+option `share_query: false` it is packed as its concatenations instead, like any samples.
 """
 from __future__ import annotations
 
@@ -77,10 +76,7 @@ class PrefillTask(Task):
     runtime: PrefillRuntime
 
     def __init__(self, runtime: PrefillRuntime, bounds: Bounds, plan: PrefillPlan, share_query: bool = True):
-        # the prefix path is the per-sequence attention's (the padded one has none yet)
-        self.share_query = share_query and runtime.attention == "per_sequence"
-        self.share_note = None if self.share_query or not share_query else \
-            f"off: the {runtime.attention} attention has no prefix path yet (query requests scored as concatenations)"
+        self.share_query = share_query  # both attentions take a prefix (kernels/attention.py)
         self.checker: RequestChecker | None = None
         super().__init__(runtime, bounds, plan, Dag([
             Node("tokenize", self.tokenize, ("request",), scope="request"),
@@ -102,7 +98,7 @@ class PrefillTask(Task):
         super().start(tokenizer)
 
     def describe(self) -> dict:
-        return {**super().describe(), "share_query": self.share_note or self.share_query}
+        return {**super().describe(), "share_query": self.share_query}
 
     def usage(self) -> PrefillUsage:
         return PrefillUsage(self.plan)

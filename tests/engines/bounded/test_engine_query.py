@@ -136,15 +136,16 @@ def test_query_bounds_reject_or_truncate_per_request(tiny_dir):
     assert (torch.tensor(res.scores) - want).abs().max().item() < 1e-4
 
 
-def test_padded_attention_scores_query_requests_as_concatenations(tiny_dir):
-    """The GPU's padded attention (run here) has no prefix path: sharing is off and says so."""
-    engine = start(tiny_dir, bounds=BOUNDS, prefill_attention="padded")
+@pytest.mark.parametrize("share", [True, False], ids=["shared", "unshared"])
+def test_padded_attention_shares_the_query_through_its_indices(tiny_dir, share):
+    """The GPU's padded attention (run here on the CPU): items gather their query's K/V rows."""
+    engine = start(tiny_dir, bounds=BOUNDS, max_wait_ms=1000, prefill_attention="padded", share_query=share)
     try:
-        requests = query_requests(random.Random(14), 4)
+        requests = query_requests(random.Random(14), 6)
         results = run_concurrently(engine, requests)
-        note = engine.describe()["prefill_only"]["share_query"]
+        described, stats = engine.describe()["prefill_only"], dict(engine.stats)
     finally:
         engine.stop()
     errs, agree = compare(tiny_dir, requests, results)
     assert errs.max().item() < 1e-4 and agree.min().item() == 1.0
-    assert note.startswith("off: the padded attention has no prefix path yet")
+    assert described["share_query"] is share and stats["largest_batch"] > 1, stats

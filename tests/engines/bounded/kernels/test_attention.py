@@ -106,6 +106,18 @@ def test_items_attend_to_their_query_as_their_concatenation_would(hq, hkv, d):
         assert (got.double() - want).abs().max() < max(2e-5, 4 * plain_err)
 
 
+@pytest.mark.parametrize("hq, hkv, d", [(4, 2, 16), (14, 2, 64)])
+def test_padded_view_of_items_is_their_concatenation(hq, hkv, d):
+    """The padded (GPU) attention shares a query through the packer's indices alone."""
+    rng = random.Random(hq + 1)
+    torch.manual_seed(hq)
+    for _ in range(3):
+        b, q, k, v = random_batch(rng, hq, hkv, d, torch.float32)
+        want = concatenation_reference(q, k, v, b.spans, b.prefix.tolist())
+        got = kernels.packed_attention_padded(q, k, v, b.pad_index, b.unpad_index)
+        assert (got.double() - want).abs().max() < 2e-5
+
+
 def test_bfloat16_items_stay_close_and_no_prefix_is_the_plain_op():
     rng = random.Random(7)
     b, q, k, v = random_batch(rng, 4, 2, 16, torch.bfloat16)

@@ -29,7 +29,11 @@ def test_items_continue_their_query():
     b = pack([[1, 2], [5, 6, 7], [8], [9, 10]], prefix=[-1, -1, 1, 1])
     assert b.positions.tolist() == [0, 1, 0, 1, 2, 3, 3, 4]  # an item's positions follow its query's
     assert b.prefix.tolist() == [-1, -1, 1, 1] and b.last_index.tolist() == [1, 4, 5, 7]
-    assert b.unpad_index.tolist() == [0, 1, 3, 4, 5, 6, 9, 10]  # the padded view is of the own tokens
+    # the padded view's rows are the concatenations: an item's row is its query's rows, then its own
+    assert b.pad_index.tolist() == [[0, 1, 1, 1, 1], [2, 3, 4, 4, 4], [2, 3, 4, 5, 5], [2, 3, 4, 6, 7]]
+    assert b.unpad_index.tolist() == [0, 1, 5, 6, 7, 13, 18, 19]  # each token's row of the [4 x 5] view
+    with pytest.raises(ValueError, match="an earlier sequence without a prefix"):
+        pack([[1], [2], [3]], prefix=[-1, 0, 1])
     bufs = PackBuffers(max_tokens=10, max_seqs=3, max_len=4, device=torch.device("cpu"), max_positions=5)
     with pytest.raises(ValueError, match="positions up to 6 .* 5 positions"):
         bufs.pack([[1, 2, 3, 4], [5, 6]], prefix=[-1, 0])
