@@ -243,7 +243,7 @@ def serve_replicas(scenario, engine_name: str, serve_opts: ServeOptions, ray_opt
     ray, serve = require_ray(loopback=local and host in LOOPBACK)
     # fail fast, before Ray starts: unknown engine, unusable options, missing model
     setup = engine_setup(scenario, engine_name, device=device, engine_options=engine_options, log=log)
-    engine_class(engine_name).check_available(setup.config)
+    engine_class(setup.name).check_available(setup.config)
     if setup.config.device.startswith("cuda") and ray_opts.gpus_per_replica == 0:
         raise ValueError(f"device {setup.config.device} needs GPUs: give --gpus-per-replica (e.g. 1)")
     if ray_opts.gpus_per_replica > 0 and not setup.config.device.startswith("cuda"):

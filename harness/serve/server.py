@@ -316,10 +316,9 @@ def engine_setup(scenario, engine_name: str, *, device: str | None = None, engin
     from harness.workload import item_codes, load_tokenizer
 
     model_dir = resolve_model(scenario.model, log)
-    by_name = {s.name: s for s in scenario.engines}
-    spec = by_name.get(engine_name, EngineSpec(name=engine_name))
+    spec = serving_spec(scenario, engine_name)
     if engine_options:
-        spec = EngineSpec(name=engine_name, **{**spec.options, **engine_options})
+        spec = EngineSpec(name=spec.name, **{**spec.options, **engine_options})
     cfg = engine_config(scenario, spec, model_dir, device or scenario.device)
     tokenizer = load_tokenizer(model_dir)
     task, allowed = scenario.task, None
@@ -329,7 +328,16 @@ def engine_setup(scenario, engine_name: str, *, device: str | None = None, engin
     limits = Limits.for_model(model_dir, cfg.bounds)
     translator = Translator(tokenizer, limits.vocab or len(tokenizer), cfg.bounds, allowed, _public(scenario.model),
                             limits.max_positions, limits.eos)
-    return EngineSetup(engine_name, cfg, translator)
+    return EngineSetup(spec.name, cfg, translator)
+
+
+def serving_spec(scenario, engine: str):
+    """The scenario's entry `engine` names: the one so labelled, else the first of that engine
+    (its plain entry, e.g. `bounded` rather than `{name: bounded, label: bounded-noshare}`)."""
+    from harness.scenario import EngineSpec
+
+    found = [s for s in scenario.engines if s.title == engine] + [s for s in scenario.engines if s.name == engine]
+    return found[0] if found else EngineSpec(name=engine)
 
 
 def build_server(scenario, engine_name: str, options: ServeOptions, *, device: str | None = None,
@@ -340,7 +348,7 @@ def build_server(scenario, engine_name: str, options: ServeOptions, *, device: s
 
     setup = engine_setup(scenario, engine_name, device=device, engine_options=engine_options, log=log)
     cfg = setup.config
-    engine = create_engine(engine_name, cfg)
+    engine = create_engine(setup.name, cfg)
     log(f"starting engine {engine_name} on {cfg.device} ...")
     engine.start()
     info = {"version": f"bench-serve {harness.__version__}", "engine": engine.describe(), "model": scenario.model,

@@ -36,6 +36,17 @@ engines: [hf]
 SLOW = SCENARIO.replace("beam_width: 8, decode_steps: 3", "beam_width: 16, decode_steps: 4").replace(
     "max_prompt_tokens: 32", "max_prompt_tokens: 64")
 WORDS = " the item code is a short list of words"
+# relevance: the bounded engine listed twice (sharing the query, and not), as relevance_15 lists it
+QUERY = """
+name: serve_query_test
+model: tiny
+dtype: float32
+task: {kind: prefill_only, labels: [" yes", " no"]}
+workload: {query_tokens: {mean: 8, min: 4, max: 12}, item_tokens: {mean: 6, min: 2, max: 10}, items_per_request: 3}
+bounds: {max_samples_per_request: 4, max_prompt_tokens: 64, max_query_tokens: 32, max_item_tokens: 32}
+load: {mode: closed, concurrency: [1], requests: 2}
+engines: [{name: bounded, compile: eager}, {name: bounded, label: bounded-noshare, share_query: false, compile: eager}]
+"""
 
 
 def _scenario(folder: Path, name: str, text: str) -> Path:
@@ -135,6 +146,40 @@ def test_sglang_engine_against_bench_serve_matches_infer(server, tiny_dir, tmp_p
     assert _flat(score.scores) == pytest.approx(_flat(ref[0]["scores"]), abs=1e-5)
     assert [b.token_ids for b in beams.beams] == [b["token_ids"] for b in ref[1]["beams"]]
     assert [b.logprob for b in beams.beams] == pytest.approx([b["logprob"] for b in ref[1]["beams"]], abs=1e-4)
+
+
+def test_bounded_serves_a_query_shared_by_its_items(folder, tokenizer, tmp_path):
+    """/v1/score's query + items reach the bounded engine as a query request (its query
+    prefilled once) and answer like transformers on the concatenations."""
+    query, items, labels = " is this about shoes:", [" red running shoes", " a cat", "?"], [" yes", " no"]
+    ids = [_ids(tokenizer, query), [_ids(tokenizer, i) for i in items]]
+    lines = [{"id": "t", "kind": "prefill_only", "query": query, "items": items, "labels": labels},
+             {"id": "i", "kind": "prefill_only", "query": ids[0], "items": ids[1], "labels": labels}]
+    inp, outp = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text("\n".join(map(json.dumps, lines)))
+    infer_file("hf", "tiny", inp, outp, log=lambda m: None)
+    want = {line["id"]: line["scores"] for line in map(json.loads, outp.read_text().splitlines())}
+    label_ids = [_ids(tokenizer, lab)[0] for lab in labels]
+    with ServeProcess(_scenario(folder, "query.yaml", QUERY), "bounded") as s:
+        for rid, (q, its) in {"t": (query, items), "i": ids}.items():
+            r = httpx.post(f"{s.url}/v1/score", json={"query": q, "items": its, "label_token_ids": label_ids,
+                                                      "apply_softmax": True})
+            assert r.status_code == 200, r.text
+            assert _flat(r.json()["scores"]) == pytest.approx(_flat(want[rid]), abs=1e-4)
+        served = httpx.get(f"{s.url}/server_info").json()["engine"]["prefill_only"]
+    assert served["share_query"] is True  # the plain `bounded` entry, not its no-sharing twin
+
+
+def test_a_served_label_picks_its_entry():
+    from harness.scenario import load_scenario
+    from harness.serve.server import serving_spec
+
+    sc = load_scenario(Path(__file__).parents[3] / "scenarios" / "relevance_15.yaml")
+    assert (serving_spec(sc, "bounded").name, serving_spec(sc, "bounded").options) == ("bounded", {})
+    assert (serving_spec(sc, "bounded-noshare").name, serving_spec(sc, "bounded-noshare").options) == \
+        ("bounded", {"share_query": False})
+    assert serving_spec(sc, "sglang-noradix").options == {"server_args": ["--disable-radix-cache"]}
+    assert serving_spec(sc, "noop").options == {}  # not listed: the engine plain
 
 
 async def _submit_all(engine, reqs):
