@@ -318,7 +318,7 @@ def engine_setup(scenario, engine_name: str, *, device: str | None = None, engin
     model_dir = resolve_model(scenario.model, log)
     spec = serving_spec(scenario, engine_name)
     if engine_options:
-        spec = EngineSpec(name=spec.name, **{**spec.options, **engine_options})
+        spec = EngineSpec(**{**spec.model_dump(exclude_none=True), **engine_options})  # its label, dtype kept
     cfg = engine_config(scenario, spec, model_dir, device or scenario.device)
     tokenizer = load_tokenizer(model_dir)
     task, allowed = scenario.task, None
