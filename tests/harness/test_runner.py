@@ -1,5 +1,7 @@
 from pathlib import Path
 
+import pytest
+
 from harness.runner import Overrides, effective_load
 from harness.scenario import load_scenario
 
@@ -79,3 +81,17 @@ def test_an_mfu_over_100_percent_says_the_peak_is_wrong():
     assert "1e-07 TFLOP/s (given on the command line" in warning and "or give --peak-tflops" in warning
     fair = run_scenario(sc, Overrides(peak_tflops=1e3, **load), log=lambda m: None)
     assert not [w for w in fair.warnings if "effective MFU" in w]
+
+
+def test_a_query_shared_by_its_items_may_pass_100_percent_by_the_workloads_bound():
+    """Effective FLOPs count each item's whole concatenation; an engine computing the query
+    once does q + n i tokens' work instead of n (q + i): that ratio, at its largest, is how
+    far past 100 % effective MFU goes before the peak is judged wrong."""
+    from harness.runner import sharing_bound
+    from harness.scenario import Workload
+
+    assert sharing_bound(load_scenario(SCENARIOS / "prefill_15.yaml").workload) == 1.0
+    # relevance_15: queries up to 48 tokens, items from 32, 15 items: 15 * 80 / (48 + 15 * 32)
+    assert sharing_bound(load_scenario(SCENARIOS / "relevance_15.yaml").workload) == pytest.approx(1200 / 528)
+    fixed = Workload(query_tokens=10, item_tokens=10, items_per_request=4)
+    assert sharing_bound(fixed) == pytest.approx(4 * 20 / 50)
