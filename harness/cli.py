@@ -82,7 +82,8 @@ def run(
 
     Exit code: 0 when every engine started and measured; 3 when one was skipped, failed to
     start, died and was cut short, or measured nothing (a failed sweep cell is a row, not an
-    exit code); 2 for bad input; 130 when interrupted."""
+    exit code; an `optional: true` entry that cannot run here is skipped without exit 3 unless
+    --engine names it); 2 for bad input; 130 when interrupted."""
     from harness.report import write_all
     from harness.runner import Overrides, run_scenario, shortfalls
     from harness.sweep import parse_sweep_option
@@ -148,7 +149,7 @@ def _print_summary(result) -> None:
     for er in result.engines:
         mode = er.describe.get("mode") or ""  # how the engine serves, e.g. "eager (AOT failed)"
         if er.skipped:
-            t.add_row(er.name, mode, *["-"] * (len(t.columns) - 3), "skipped")
+            t.add_row(er.name, mode, *["-"] * (len(t.columns) - 3), "skipped (optional)" if er.optional else "skipped")
         for p in er.points:
             m = p.metrics
             cell = [p.cell.label] if result.swept else []

@@ -52,13 +52,14 @@ class EngineRun:
     searches: list[tuple[Cell, Any]] = field(default_factory=list)  # (cell, harness.slo.SearchResult)
     constrained: bool = True  # its beam requests kept their item codes
     computes: bool = True
+    optional: bool = False  # a skip is not a shortfall (scenario entry `optional: true`, not named by --engine)
 
     @property
     def measured(self) -> bool:
         return any(p.metrics.ok > 0 for p in self.points)
 
     def warnings(self) -> list[str]:
-        out = [f"{self.name}: skipped: {self.skipped}"] if self.skipped else []
+        out = [f"{self.name}: skipped{' (optional)' * self.optional}: {self.skipped}"] if self.skipped else []
         out += [f"{self.name}: failed: {self.failed}"] if self.failed else []
         for p in self.points:
             who = f"{self.name} ({p.cell.label})" if p.cell.label else self.name

@@ -139,10 +139,13 @@ def effective_load(scenario: Scenario, ov: Overrides, device: str, log: Callable
 def shortfalls(result: RunResult) -> list[str]:
     """Why the run falls short of "every engine asked for started and measured at least one
     request" (empty when it does): what `bench run` turns into exit code 3. A failed sweep
-    cell is a row, not a shortfall, while the engine measured other cells."""
+    cell is a row, not a shortfall, while the engine measured other cells; an optional engine
+    skipped because it cannot run here is not one either, unless no engine measured at all."""
     out = []
     for er in result.engines:
         measured = sum(p.metrics.ok for p in er.points)
+        if er.skipped and er.optional:
+            continue
         if er.skipped:
             out.append(f"{er.name}: skipped ({er.skipped})")
         elif er.failed:
@@ -155,6 +158,9 @@ def shortfalls(result: RunResult) -> list[str]:
             starts = [p.reason for p in er.points if p.reason.startswith(("not run: failed to start",
                                                                          "not run: could not be created"))]
             out.append(f"{er.name}: measured no successful request ({why})" + (f"; {starts[0]}" if starts else ""))
+    if result.engines and not out and not any(er.measured for er in result.engines):
+        out.append("no engine ran: every one was optional and skipped ("
+                   + "; ".join(f"{er.name}: {er.skipped}" for er in result.engines) + ")")
     return out
 
 
@@ -182,7 +188,8 @@ def run_scenario(scenario: Scenario, ov: Overrides, *, base_dir: Path | None = N
                      log, progress or no_progress, scenario.slo if ov.find_max_qps else None)
     try:
         for spec in select_engines(scenario, ov.engines):
-            er = EngineRun(spec.title)
+            # an optional entry stays optional only when the command line does not name it
+            er = EngineRun(spec.title, optional=spec.optional and not ov.engines)
             result.engines.append(er)
             run_engine(er, spec, plan, ctx)
             attach_recall(result.engines)

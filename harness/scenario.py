@@ -313,6 +313,9 @@ class EngineSpec(_Strict):
     # engines that cannot constrain beams) and report the share of its beams that are codes
     unconstrained: bool = False
     dtype: Literal["bfloat16", "float32", "float16"] | None = None
+    # may be missing here: skipped (its reason printed and recorded) without failing the run,
+    # unless the command line names it (`--engine NAME`)
+    optional: bool = False
 
     @field_validator("name")
     @classmethod

@@ -62,7 +62,8 @@ def summary_rows(run: RunFiles, baseline: str | None) -> list[dict[str, Any]]:
             rows.append({**r, "failed": r["errors"] + r["timeouts"] + r["rejected"],
                          "ratios": {k: ratio(r[k], b[k]) for k, _, _ in COMPARED} if b else None})
         if not mine:
-            rows.append({"engine": e["name"], "skip": "skipped: " + e["skipped"] if e.get("skipped")
+            rows.append({"engine": e["name"], "skip": ("skipped (optional): " if e.get("optional") else "skipped: ") + e["skipped"]
+                         if e.get("skipped")
                          else "failed: " + (e.get("failed") or "no load point measured")})
     return rows
 

@@ -56,7 +56,8 @@ def provenance(result: Any, context: dict) -> dict[str, Any]:
         "mfu_formula": FORMULA,
         "environment": environment(),
         "engines": [{"name": er.name, "describe": er.describe, "start_s": er.start_s, "starts": er.starts,
-                     "skipped": er.skipped, "failed": er.failed, "unconstrained": not er.constrained}
+                     "skipped": er.skipped, "failed": er.failed, "unconstrained": not er.constrained,
+                      "optional": er.optional}
                     for er in result.engines],
         "sweep": {"params": result.swept, "sizing": result.plan.sizing,
                   "cells": [{"label": c.label, "params": c.params, "bounds": asdict(c.bounds)}

@@ -224,3 +224,81 @@ def test_doctor_lists_isa_flags_and_rates(tmp_path, monkeypatch):
     zen4 = dict(device_lines("cpu", False, caps=ZEN4))  # not measured yet: says so, measures nothing
     assert "avx512_bf16 yes" in zen4["cpu isa"] and zen4["cpu native"].startswith("float32, bfloat16;")
     assert "not measured" in zen4["cpu peak"]
+
+
+def _optional_scenario(tmp_path, engines: str) -> Path:
+    text = (SCENARIOS / "smoke_prefill.yaml").read_text().replace("engines: [bounded, hf, noop]", f"engines: {engines}")
+    path = tmp_path / "optional.yaml"
+    path.write_text(text)
+    return path
+
+
+# a real SGLang engine pointed at an environment that does not exist: unavailable here
+MISSING_SGLANG = "{name: sglang, python: /nonexistent/bin/python, optional: true}"
+
+
+def test_optional_engine_that_cannot_run_is_skipped_and_the_run_exits_0(tmp_path):
+    out = tmp_path / "run"
+    sc = _optional_scenario(tmp_path, f"[noop, {MISSING_SGLANG}]")
+    res = CliRunner().invoke(app, ["run", str(sc), "--requests", "2", "--concurrency", "1", "--peak-tflops", "1",
+                                   "--out", str(out)])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 0, res.output
+    assert "sglang: skipped (optional): no SGLang environment at /nonexistent/bin/python" in text
+    assert "not measured" not in text
+    run = json.loads((out / "run.json").read_text())
+    sglang = [e for e in run["engines"] if e["name"] == "sglang"][0]
+    assert sglang["optional"] is True and "no SGLang environment" in sglang["skipped"]
+    assert any("skipped (optional)" in w for w in run["warnings"])
+    assert "skipped (optional): no SGLang environment" in (out / "report.html").read_text()
+
+
+def test_optional_engine_named_on_the_command_line_still_counts(tmp_path):
+    sc = _optional_scenario(tmp_path, f"[noop, {MISSING_SGLANG}]")
+    res = CliRunner().invoke(app, ["run", str(sc), "--engine", "noop", "--engine", "sglang", "--requests", "2",
+                                   "--concurrency", "1", "--peak-tflops", "1", "--out", str(tmp_path / "run")])
+    assert res.exit_code == 3, res.output
+    assert "not measured: sglang: skipped (no SGLang environment" in " ".join(res.output.split())
+
+
+def test_optional_engine_that_fails_to_start_counts(tmp_path, monkeypatch):
+    import engines.registry as reg
+
+    monkeypatch.setitem(reg.ENGINES, "broken", "tests.harness.engines_for_tests:BrokenStartEngine")
+    sc = _optional_scenario(tmp_path, "[noop, {name: broken, optional: true}]")
+    res = CliRunner().invoke(app, ["run", str(sc), "--requests", "2", "--concurrency", "1", "--peak-tflops", "1",
+                                   "--out", str(tmp_path / "run")])
+    assert res.exit_code == 3, res.output  # optional forgives "cannot run here", not a broken start
+    assert "not measured: broken: failed to start" in " ".join(res.output.split())
+
+
+def test_every_engine_optional_and_skipped_is_not_a_run(tmp_path):
+    sc = _optional_scenario(tmp_path, f"[{MISSING_SGLANG}]")
+    res = CliRunner().invoke(app, ["run", str(sc), "--requests", "2", "--concurrency", "1", "--peak-tflops", "1",
+                                   "--out", str(tmp_path / "run")])
+    assert res.exit_code == 3, res.output
+    assert "not measured: no engine ran: every one was optional and skipped" in " ".join(res.output.split())
+
+
+def test_optional_must_be_a_boolean(tmp_path):
+    sc = _optional_scenario(tmp_path, '[noop, {name: sglang, optional: "yes"}]')
+    res = CliRunner().invoke(app, ["run", str(sc), "--peak-tflops", "1", "--out", str(tmp_path / "run")])
+    assert res.exit_code == 2, res.output
+    assert "field engines.1.optional: Input should be a valid boolean" in " ".join(res.output.split())
+
+
+def test_seed_scenarios_run_without_server_engines():
+    """The README's main job exits 0 on a machine without SGLang/vLLM environments: every
+    seed entry of a launched server engine is optional (an entry with a url is not: someone
+    started that server on purpose)."""
+    from harness.scenario import load_scenario
+
+    seen = 0
+    for path in sorted(SCENARIOS.glob("*.yaml")):
+        for spec in load_scenario(path).engines:
+            if spec.name in ("sglang", "vllm") and "url" not in spec.options:
+                assert spec.optional, f"{path.name}: {spec.title} should be optional"
+                seen += 1
+            elif spec.name in ("bounded", "hf", "noop"):
+                assert not spec.optional, f"{path.name}: {spec.title} must run"
+    assert seen >= 9
