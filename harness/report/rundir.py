@@ -13,6 +13,9 @@ import pandas as pd
 from harness.report.outputs import Answers, read_outputs
 
 NEEDED = ("run.json", "results.csv")
+# what every results.csv of `bench run` has (older runs lack the sweep's columns: read_results adds them)
+RESULT_COLUMNS = ("engine", "load_mode", "load_value", "requests", "ok", "errors", "timeouts", "rejected", "mean_ms",
+                  "p99_ms", "qps", "mfu")
 TEXT_COLUMNS = ("engine", "cell", "status", "reason", "interrupted", "meets_slo", "recall_ref")
 
 
@@ -61,8 +64,14 @@ def _bool(col: pd.Series) -> pd.Series:
 
 
 def read_results(path: Path) -> pd.DataFrame:
-    df = pd.read_csv(path, keep_default_na=False, na_values=["nan", "NaN", ""],
-                     dtype={c: str for c in TEXT_COLUMNS})
+    try:
+        df = pd.read_csv(path, keep_default_na=False, na_values=["nan", "NaN", ""],
+                         dtype={c: str for c in TEXT_COLUMNS})
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"{path}: not a results table of `bench run` ({e})") from None
+    missing = [c for c in RESULT_COLUMNS if c not in df]
+    if missing:
+        raise ValueError(f"{path}: not a results table of `bench run` (no column {', '.join(missing)})")
     for c in ("p99_estimate", "fell_behind", "probe"):
         df[c] = _bool(df[c]) if c in df else False
     for c in TEXT_COLUMNS:  # older runs lack the sweep's columns: one cell, every point ok
@@ -74,8 +83,14 @@ def read_requests(path: Path) -> pd.DataFrame:
     if not path.exists():
         return pd.DataFrame(columns=["engine", "cell", "load_mode", "load_value", "warmup", "status", "latency_ms",
                                      "stages"])
-    df = pd.read_csv(path, keep_default_na=False, na_values=["nan", "NaN"],
-                     dtype={"stages": str, "error": str, "cell": str})
+    try:
+        df = pd.read_csv(path, keep_default_na=False, na_values=["nan", "NaN"],
+                         dtype={"stages": str, "error": str, "cell": str})
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"{path}: not a requests table of `bench run` ({e})") from None
+    missing = [c for c in ("engine", "load_mode", "load_value", "warmup", "status", "latency_ms") if c not in df]
+    if missing:
+        raise ValueError(f"{path}: not a requests table of `bench run` (no column {', '.join(missing)})")
     df["warmup"] = _bool(df["warmup"])
     df["engine"] = df["engine"].astype(str)
     df["cell"] = df["cell"].fillna("").astype(str) if "cell" in df else ""
@@ -89,9 +104,15 @@ def load_run(path: str | Path) -> RunFiles:
         raise ValueError(f"{path}: not a run folder (missing {', '.join(missing)}); "
                          f"a run folder is what `bench run` writes, e.g. reports/<run-id>/")
     try:
-        run = json.loads((path / "run.json").read_text())
+        run = json.loads((path / "run.json").read_text("utf-8"))
     except json.JSONDecodeError as e:
         raise ValueError(f"{path / 'run.json'}: not valid JSON: {e.msg}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path / 'run.json'}: not UTF-8 text") from None
+    engines = run.get("engines", []) if isinstance(run, dict) else None
+    if not isinstance(engines, list) or not all(isinstance(e, dict) and isinstance(e.get("name"), str)
+                                                for e in engines):
+        raise ValueError(f"{path / 'run.json'}: not what `bench run` writes (an object with an engines list)")
     return RunFiles(path, run, read_results(path / "results.csv"), read_requests(path / "requests.csv"),
                     read_outputs(path / "outputs.jsonl"))
 

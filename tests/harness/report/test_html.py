@@ -91,6 +91,22 @@ def test_report_of_a_folder_that_is_not_a_run(tmp_path):
     assert res.exit_code == 2 and "not a run folder" in " ".join(res.output.split())
 
 
+@pytest.mark.parametrize("name, text, message", [
+    ("results.csv", "x,y\n1,2\n", "results.csv: not a results table of `bench run` (no column engine"),
+    ("results.csv", "", "results.csv: not a results table of `bench run` (No columns to parse"),
+    ("requests.csv", "a,b\n", "requests.csv: not a requests table of `bench run` (no column engine"),
+    ("run.json", "[]", "run.json: not what `bench run` writes"),
+    ("run.json", '{"engines": [1]}', "run.json: not what `bench run` writes"),
+])
+def test_report_of_a_run_folder_with_a_broken_file(prefill_run, tmp_path, name, text, message):
+    broken = tmp_path / "run"
+    shutil.copytree(prefill_run, broken)
+    (broken / name).write_text(text)
+    res = CliRunner().invoke(app, ["report", str(broken), "--out", str(tmp_path / "x.html")])
+    assert res.exit_code == 2, res.output  # a KeyError/AttributeError traceback exits 1
+    assert message in " ".join(res.output.split()), res.output
+
+
 def test_unknown_baseline_is_refused_with_the_engines(prefill_run, tmp_path):
     res = CliRunner().invoke(app, ["report", str(prefill_run), "--baseline", "ghost", "--out", str(tmp_path / "x.html")])
     assert res.exit_code == 2 and "ghost" in res.output and "engines: hf, noop" in " ".join(res.output.split())
