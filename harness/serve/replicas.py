@@ -27,6 +27,8 @@ from typing import Any, Callable
 
 from harness.serve.server import ServeOptions, build_server, engine_setup
 
+MAX_REPLICAS = 1024
+MAX_PER_REPLICA = 1024.0  # CPUs or GPUs per replica
 INSTALL_HINT = 'pip install -e ".[ray]"  (or: pip install "ray[serve]==2.60.0")'
 APP_NAME = "bench"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -74,8 +76,13 @@ class RayOptions:
             raise ValueError(f"--replicas must be >= 1 (got {self.replicas})")
         if self.autoscale and not 0 <= self.autoscale[0] <= self.autoscale[1] >= 1:
             raise ValueError(f"--autoscale MIN:MAX needs 0 <= MIN <= MAX and MAX >= 1 (got {self.autoscale})")
-        if self.cpus_per_replica <= 0 or self.gpus_per_replica < 0:
-            raise ValueError("--cpus-per-replica must be > 0 and --gpus-per-replica >= 0")
+        if not (0 < self.cpus_per_replica <= MAX_PER_REPLICA and 0 <= self.gpus_per_replica <= MAX_PER_REPLICA):
+            raise ValueError(f"--cpus-per-replica must be in (0, {MAX_PER_REPLICA:g}] and --gpus-per-replica in "
+                             f"[0, {MAX_PER_REPLICA:g}] (got {self.cpus_per_replica:g} and {self.gpus_per_replica:g})")
+        if self.max_replicas > MAX_REPLICAS:
+            raise ValueError(f"at most {MAX_REPLICAS} replicas (got {self.max_replicas})")
+        if self.address is not None:
+            cluster_endpoint(self.address)  # refuses a malformed address before Ray starts
 
     @property
     def max_replicas(self) -> int:
@@ -85,6 +92,31 @@ class RayOptions:
     def threads(self) -> int:
         """torch threads per replica: its whole CPUs (at least one)."""
         return max(1, int(self.cpus_per_replica))
+
+
+def cluster_endpoint(address: str) -> tuple[str, int] | None:
+    """(host, port) that must answer for `--address` to be a cluster (None for "auto": Ray
+    finds the local one); ValueError when the address is not one."""
+    if address == "auto":
+        return None
+    hostport = address.removeprefix("ray://")
+    host, sep, port = hostport.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"--address {address!r}: give auto, HOST:PORT (e.g. 10.0.0.5:6379) or ray://HOST:PORT")
+    return host, int(port)
+
+
+def check_reachable(address: str, timeout_s: float = 10.0) -> None:
+    """Refuse in seconds a cluster address nothing listens on (ray.init would retry for minutes)."""
+    endpoint = cluster_endpoint(address)
+    if endpoint is None:
+        return
+    try:
+        socket.create_connection(endpoint, timeout=timeout_s).close()
+    except OSError as e:
+        raise ValueError(f"--address {address}: no Ray cluster answers at {endpoint[0]}:{endpoint[1]} "
+                         f"({e.strerror or type(e).__name__})") from None
 
 
 def parse_autoscale(text: str) -> tuple[int, int]:
@@ -285,6 +317,7 @@ def _start_ray(ray, ray_opts: RayOptions, log: Callable[[str], None]) -> None:
         ray.init(address="local", num_cpus=cpus, include_dashboard=False, object_store_memory=128 << 20,
                  logging_level="warning")
     else:
+        check_reachable(ray_opts.address)
         log(f"joining the Ray cluster at {ray_opts.address} ...")
         ray.init(address=ray_opts.address, logging_level="warning", runtime_env=CLUSTER_JOB_ENV)
         have = ray.cluster_resources().get("CPU", 0)

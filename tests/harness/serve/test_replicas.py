@@ -70,6 +70,31 @@ def test_ray_options_are_checked():
     with pytest.raises(ValueError, match="cpus-per-replica"):
         RayOptions(cpus_per_replica=0)
     assert RayOptions(cpus_per_replica=0.5).threads == 1 and RayOptions(cpus_per_replica=2.5).threads == 2
+    for cpus, gpus in ((float("nan"), 0.0), (1.0, float("nan")), (1.0, float("inf")), (float("inf"), 0.0)):
+        with pytest.raises(ValueError, match="cpus-per-replica must be in"):  # int(inf) was an OverflowError
+            RayOptions(cpus_per_replica=cpus, gpus_per_replica=gpus)
+    for bad in ("nonsense", "host:99999", "host:", ":6379", "ray://host"):
+        with pytest.raises(ValueError, match="give auto, HOST:PORT"):
+            RayOptions(address=bad)
+    assert RayOptions(address="ray://10.0.0.5:10001").address and RayOptions(address="auto").address == "auto"
+
+
+def test_an_address_nothing_answers_at_is_refused_in_seconds():
+    import socket
+
+    from harness.serve.replicas import check_reachable
+
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t = time.perf_counter()
+    with pytest.raises(ValueError, match=f"no Ray cluster answers at 127.0.0.1:{port}"):
+        check_reachable(f"127.0.0.1:{port}", timeout_s=5)
+    assert time.perf_counter() - t < 5
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        check_reachable(f"ray://127.0.0.1:{s.getsockname()[1]}")  # something answers: Ray's turn
 
 
 def test_replicas_run_the_drivers_code_with_threads_equal_to_their_cpus(monkeypatch):
@@ -124,6 +149,8 @@ def test_unplaceable_replicas_are_an_error_before_ray_starts(tmp_path, tiny_dir)
     r = CliRunner().invoke(app, ["serve", str(path), "--engine", "hf", "--ray", "--device", "cuda",
                                  "--address", "127.0.0.1:1"])
     assert r.exit_code == 2 and "--gpus-per-replica" in r.output, r.output
+    r = CliRunner().invoke(app, ["serve", str(path), "--engine", "hf", "--ray", "--gpus-per-replica", "inf"])
+    assert r.exit_code == 2 and "--gpus-per-replica in [0, 1024]" in " ".join(r.output.split()), r.output
 
 
 # -- a real local Ray instance --------------------------------------------------------------
