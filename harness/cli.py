@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
 import time
 from pathlib import Path
@@ -101,12 +100,7 @@ def run(
     names = [s.title for s in select_engines(sc, ov.engines)]
     if baseline is not None and baseline not in names:
         _fail(f"--baseline {baseline!r} is not an engine of this run; engines: {', '.join(names)}")
-    try:  # before any engine runs: results that cannot be written are lost
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / ".writable").touch()
-        (folder / ".writable").unlink()
-    except OSError as e:
-        _fail(f"--out {folder}: cannot write there ({e.strerror})")
+    _check_writable(folder)
     ctx = {"run_id": run_id, "scenario_path": str(scenario), "scenario_text": scenario.read_text("utf-8-sig"),
            "command": sys.argv, "baseline": baseline}
     log = lambda m: console.print(m, highlight=False, markup=False)  # noqa: E731
@@ -129,6 +123,16 @@ def run(
         for line in short:
             console.print("[red]not measured:[/red] " + escape(line), highlight=False)
         raise typer.Exit(EXIT_SHORT)
+
+
+def _check_writable(folder: Path) -> None:
+    """Before any engine runs: results that cannot be written would be lost."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / ".writable").touch()
+        (folder / ".writable").unlink()
+    except OSError as e:
+        _fail(f"--out {folder}: cannot write there ({e.strerror})")
 
 
 def _num(v: float, spec: str) -> str:
@@ -250,13 +254,19 @@ def doctor(measure: bool = typer.Option(False, help="Measure the CPU's rates per
 
 
 def _kv_options(pairs: Optional[List[str]]) -> dict:
-    """KEY=VALUE pairs; a value is parsed as JSON if it can be."""
+    """KEY=VALUE pairs; a value is parsed as JSON if it can be (strictly: NaN stays text)."""
+    from harness.strict_json import BadJson, loads
+
     opts = {}
     for kv in pairs or []:
-        k, _, v = kv.partition("=")
+        k, sep, v = kv.partition("=")
+        if not sep or not k.strip():
+            _fail(f"--option {kv!r}: expected KEY=VALUE, e.g. --option max_wait_ms=1")
+        if k in opts:
+            _fail(f"--option {k}: given twice")
         try:
-            opts[k] = json.loads(v)
-        except json.JSONDecodeError:
+            opts[k] = loads(v.encode("utf-8", "surrogateescape"))
+        except BadJson:
             opts[k] = v
     return opts
 
@@ -367,7 +377,9 @@ def load(
     label: Optional[str] = typer.Option(None, help="Engine name for results.csv (default: the host)."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Run folder (default reports/<run-id>/)."),
 ) -> None:
-    """Load-test a server with Locust (headless); write results.csv and run.json."""
+    """Load-test a server with Locust (headless); write results.csv and run.json.
+
+    Exit code: 0 when requests were answered, 3 when none was, 2 for bad input."""
     from harness.serve.load import LoadSpec, parse_duration, run_load
 
     sc = _scenario(scenario, engines=[])
@@ -381,6 +393,9 @@ def load(
               f"{row['timeouts']} timeouts); mean {row['mean_ms']:.1f} ms, p99 {row['p99_ms']:.0f} ms, "
               f"{row['qps']:.2f} req/s", highlight=False)
     console.print("wrote " + ", ".join(str(p) for p in paths), highlight=False)
+    if not row["ok"]:  # as `bench run`: a load test that measured nothing must not pass
+        console.print(f"[red]not measured:[/red] no request to {escape(host)} was answered", highlight=False)
+        raise typer.Exit(EXIT_SHORT)
 
 
 @app.command()
@@ -399,12 +414,18 @@ def soak(
 
     sc = _scenario(scenario, engines=[engine])
     log = lambda m: console.print(m, highlight=False, markup=False)  # noqa: E731
+    if not 0 <= max_growth <= 100:  # NaN would pass any growth
+        _fail(f"--max-growth {max_growth}: give a fraction >= 0, e.g. 0.05 for 5 %")
     try:
         spec = SoakSpec(minutes, fraction, window, concurrency)
+    except ValueError as e:
+        _fail(str(e))
+    folder = out_dir or Path("reports") / (time.strftime("%Y%m%d-%H%M%S") + f"-{sc.name}-soak")
+    _check_writable(folder)  # before minutes of soaking
+    try:
         result = run_soak(sc, scenario, engine, spec, ["--concurrency", str(concurrency)], log=log)
     except (ValueError, OSError, RuntimeError) as e:
         _fail(str(e))
-    folder = out_dir or Path("reports") / (time.strftime("%Y%m%d-%H%M%S") + f"-{sc.name}-soak")
     paths = write_soak(result, spec, folder, {"command": sys.argv, "scenario": str(scenario)})
     ok = result.failed == 0 and not result.growth > max_growth
     out.print(f"soak {engine}: {result.requests - result.failed}/{result.requests} ok at {result.rate:.2f} req/s "

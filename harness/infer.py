@@ -108,6 +108,8 @@ def infer_file(engine_name: str, model: str, input: Path, output: Path, *, dtype
     except (TypeError, ValueError) as e:
         raise InferInputError(f"--option: {e}") from None
     lines = read_input(input)
+    if Path(output).exists() and Path(input).exists() and Path(output).samefile(input):  # links too
+        raise InferInputError(f"--output {output} is the input file: its requests would be overwritten")
     try:  # before any work: an answer that cannot be written is lost
         Path(output).open("a").close()
     except OSError as e:

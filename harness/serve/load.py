@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import math
 import os
 import re
 import socket
@@ -25,8 +26,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
+from urllib.parse import urlsplit
 
 from harness.metrics import P99_MIN_REQUESTS
+from harness.scenario import MAX_CONCURRENCY as MAX_USERS, MAX_REQUESTS, MAX_SECONDS
 
 # never import locust here: it monkey-patches the process with gevent
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
@@ -51,6 +54,20 @@ class LoadSpec:
     def __post_init__(self):
         if self.users < 1 or self.spawn_rate <= 0 or self.run_time_s <= 0 or self.workers < 0 or self.pool < 1:
             raise ValueError("need users >= 1, spawn rate > 0, run time > 0, workers >= 0, pool >= 1")
+        if not math.isfinite(self.spawn_rate) or self.users > MAX_USERS or self.pool > MAX_REQUESTS:
+            raise ValueError(f"need a finite spawn rate, users <= {MAX_USERS:,} and pool <= {MAX_REQUESTS:,}")
+        if self.run_time_s > MAX_SECONDS:
+            raise ValueError(f"run time {self.run_time_s:,.0f} s > {MAX_SECONDS:,.0f} s (a week)")
+        if self.workers > max_workers():  # each a process of this machine
+            raise ValueError(f"--workers {self.workers}: at most {max_workers()} local worker processes "
+                             f"(4 per CPU here)")
+        url = urlsplit(self.host)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(f"--host {self.host!r}: give the server's URL, e.g. http://127.0.0.1:30000")
+
+
+def max_workers() -> int:
+    return 4 * (os.cpu_count() or 1)
 
 
 def outcome(status: int, error: BaseException | None, payload_text: str, item: dict) -> str | None:

@@ -40,8 +40,8 @@ class SoakSpec:
             raise ValueError(f"minutes must be in (0, {MAX_MINUTES}]")
         if not 0 < self.fraction <= 1:
             raise ValueError("fraction must be in (0, 1]")
-        if self.window_s <= 0 or self.concurrency < 1 or self.capacity_s <= 0:
-            raise ValueError("window, concurrency and capacity time must be positive")
+        if not (0 < self.window_s <= 3600 and 1 <= self.concurrency <= 10_000 and 0 < self.capacity_s <= 3600):
+            raise ValueError("window (s) and capacity time must be in (0, 3600], concurrency in 1..10000")
 
 
 @dataclass

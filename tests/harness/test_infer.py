@@ -74,6 +74,8 @@ BAD = [
     (b'{"id": "latin", "kind": "prefill_only", "samples": [" caf\xe9"], "labels": [" yes", " no"]}',
      "not UTF-8 text"),
     ("[" * 100000 + "]" * 100000, "nested too deeply"),
+    ('{"id": "digits", "kind": "prefill_only", "samples": [[' + "9" * 5000 + ']], "labels": [" yes", " no"]}',
+     "a number has more than 4300 digits"),  # was Python's own advice: sys.set_int_max_str_digits()
     # found by a hostile pass after the corpus above was written
     ('{"id": "surrogate", "kind": "prefill_only", "samples": ["\\ud800 x"], "labels": [" yes", " no"]}',
      "samples.0: not valid Unicode text (a lone surrogate at character 0)"),
@@ -147,8 +149,14 @@ def test_cli_exit_codes(tmp_path, tiny_dir):
         (["-i", str(good), "--dtype", "int3"], 2, "--dtype int3: choose one of"),
         (["-i", str(good), "--device", "quantum"], 2, "--device quantum: not a device"),
         (["-i", str(good), "-o", str(tmp_path / "no" / "such" / "out.jsonl")], 2, "cannot write"),
+        # the input overwritten by its own answers (it used to be)
+        (["-i", str(good), "-o", str(tmp_path / "." / "good.jsonl")], 2, "is the input file: its requests would be"),
+        (["-i", str(good), "--option", "colour"], 2, "--option 'colour': expected KEY=VALUE"),  # was {"colour": ""}
+        (["-i", str(good), "--option", "=3"], 2, "--option '=3': expected KEY=VALUE"),
+        (["-i", str(good), "--option", "a=1", "--option", "a=2"], 2, "--option a: given twice"),  # the last won
     ]:
         argv = ["infer", "-e", "noop", "--model", "tiny", "-o", str(out), *args]
         res = runner.invoke(app, argv)
         assert res.exit_code == code and message in " ".join(res.output.split()), (args, res.output)
         assert "Traceback" not in res.output
+    assert json.loads(good.read_text()) == GOOD[0]  # the input is intact

@@ -75,6 +75,37 @@ def test_parse_duration_and_commands(tmp_path):
     assert "--master" not in locust_commands(LoadSpec("http://h", 1, 1, 1), tmp_path / "l")[0]
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    ({"workers": 100_000}, "--workers 100000: at most"),  # was: 100,000 local processes started
+    ({"spawn_rate": float("inf")}, "finite spawn rate"),
+    ({"spawn_rate": float("nan")}, "spawn rate"),
+    ({"run_time_s": 1e12}, "(a week)"),
+    ({"users": 10**9}, "users <= 10,000"),
+    ({"host": "notaurl"}, "--host 'notaurl': give the server's URL"),
+    ({"host": "ftp://127.0.0.1:1"}, "give the server's URL"),
+])
+def test_load_spec_refuses_what_cannot_run(kwargs, message):
+    args = {"host": "http://127.0.0.1:1", "users": 4, "spawn_rate": 2.0, "run_time_s": 10.0, **kwargs}
+    with pytest.raises(ValueError) as e:
+        LoadSpec(**args)
+    assert message in str(e.value)
+
+
+@needs_locust
+def test_load_that_gets_no_answer_exits_3(tmp_path, tiny_dir):
+    import socket
+
+    with socket.socket() as s:  # nothing listens on this port once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    res = CliRunner().invoke(app, ["load", str(SCENARIOS / "smoke_prefill.yaml"), "--host", f"http://127.0.0.1:{port}",
+                                   "--users", "1", "--run-time", "2s", "--pool", "4", "--out", str(tmp_path / "l")])
+    assert res.exit_code == 3, res.output
+    assert "not measured: no request to" in " ".join(res.output.split())
+    rows = list(csv.DictReader(open(tmp_path / "l" / "results.csv")))
+    assert rows[0]["ok"] == "0" and int(rows[0]["errors"]) > 0  # what happened is still written
+
+
 @needs_locust
 def test_locust_master_and_two_workers_against_bench_serve(tmp_path, tiny_dir):
     scenario = SCENARIOS / "smoke_prefill.yaml"

@@ -36,8 +36,16 @@ def test_growth_is_last_window_over_first():
     assert r.growth == pytest.approx(0.05) and r.requests == 15 and r.failed == 0
 
 
-@pytest.mark.parametrize("args", [["--minutes", "0"], ["--minutes", "5", "--fraction", "1.5"],
-                                  ["--minutes", "100000"]])
-def test_soak_refuses_unbounded_or_silly_settings(args):
-    res = CliRunner().invoke(app, ["soak", str(SCENARIOS / "smoke_prefill.yaml"), "--engine", "hf", *args])
-    assert res.exit_code == 2 and "error" in res.output
+@pytest.mark.parametrize("args, says", [
+    (["--minutes", "0"], "minutes must be in"), (["--minutes", "5", "--fraction", "1.5"], "fraction must be in"),
+    (["--minutes", "100000"], "minutes must be in"),
+    # each of these used to start a server and soak first: NaN windows crashed after the capacity
+    # probe, a NaN or negative growth bound passed or failed any soak, an unwritable --out lost it all
+    (["--minutes", "1", "--window", "nan"], "window (s) and capacity time must be in"),
+    (["--minutes", "1", "--max-growth", "nan"], "--max-growth nan: give a fraction >= 0"),
+    (["--minutes", "1", "--max-growth", "-1"], "--max-growth -1.0: give a fraction >= 0"),
+    (["--minutes", "1", "--out", "/dev/null/x"], "--out /dev/null/x: cannot write there"),
+])
+def test_soak_refuses_unbounded_or_silly_settings(args, says):
+    res = CliRunner().invoke(app, ["soak", str(SCENARIOS / "smoke_prefill.yaml"), "--engine", "noop", *args])
+    assert res.exit_code == 2 and says in " ".join(res.output.split()), res.output
