@@ -2,6 +2,7 @@
 frozen dataclass; plan.py turns them, with the bounds, into sizes."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -13,6 +14,9 @@ COMPILE_MODES = ("aot", "eager")  # AOTInductor packages (cached), or the eager 
 # from float32 than bf16 by the error or the decisions; decisions: judge the top labels /
 # top-W beams alone (the error is reported); accept: judge it, and serve it whatever the verdict
 GATE_MODES = ("refuse", "decisions", "accept")
+MAX_WAIT_MS = 10_000.0
+# sizes the engine allocates buffers for at start: caps far above any bounded workload
+SIZE_CAPS = {"max_batch_tokens": 1 << 22, "max_batch_seqs": 1 << 16, "max_labels": 4096, "max_batch_beams": 1 << 16}
 
 
 class OptionError(ValueError):
@@ -51,18 +55,24 @@ class BoundedOptions:
         for name in ("int8", "fp8"):
             if name in values:
                 v = values[name]
-                values[name] = tuple([v] if isinstance(v, str) else v or ())
+                groups = [v] if isinstance(v, str) else v or ()
+                if not isinstance(groups, (list, tuple)) or not all(isinstance(g, str) for g in groups):
+                    raise OptionError(f"{name}={v!r}: give a GEMM group or a list of them ({', '.join(GEMM_GROUPS)})")
+                values[name] = tuple(groups)
+        for name in ("compile", "residual", "precision", "prefill_attention", "gate"):
+            if name in values and not isinstance(values[name], str):
+                raise OptionError(f"{name}={values[name]!r}: a name is expected")
         try:
-            for name in ("max_batch_tokens", "max_batch_seqs", "max_labels", "max_batch_beams"):
+            for name, cap in SIZE_CAPS.items():
                 if name in values:
-                    values[name] = int(values[name])
+                    values[name] = _whole(name, values[name], cap)
             if "max_wait_ms" in values:
-                values["max_wait_ms"] = float(values["max_wait_ms"])
+                values["max_wait_ms"] = _milliseconds(values["max_wait_ms"])
             for name in ("cuda_graphs", "share_query"):
                 if name in values:
                     values[name] = _flag(values[name])
         except (TypeError, ValueError) as e:
-            raise OptionError(f"bounded-engine option: {e}") from e
+            raise OptionError(f"bounded-engine option {e}") from e
         opts = cls(**values)
         opts._check()
         return opts
@@ -90,6 +100,29 @@ class BoundedOptions:
                 or self.max_batch_beams < 0):
             raise OptionError("max_wait_ms, max_batch_tokens, max_batch_seqs and max_batch_beams must be >= 0, "
                               "max_labels >= 1")
+
+
+def _whole(name: str, value: Any, cap: int) -> int:
+    """A size from YAML (an int; not a bool, not 2.7) or the command line (digits)."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}={value!r}: a whole number is expected")
+    if not 0 <= value <= cap:
+        raise ValueError(f"{name}={value}: outside 0..{cap:,}")
+    return value
+
+
+def _milliseconds(value: Any) -> float:
+    """max_wait_ms: a finite number of ms, at most MAX_WAIT_MS (NaN or inf would hold a batch forever)."""
+    try:
+        ms = float(value) if isinstance(value, str) or (isinstance(value, (int, float)) and not isinstance(value, bool)) \
+            else math.nan
+    except ValueError:
+        ms = math.nan
+    if not 0 <= ms <= MAX_WAIT_MS:
+        raise ValueError(f"max_wait_ms={value!r}: give milliseconds in 0..{MAX_WAIT_MS:g}")
+    return ms
 
 
 def _flag(value: Any) -> bool:

@@ -19,6 +19,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
+from urllib.parse import urlsplit
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -30,6 +31,9 @@ from engines.server.venv import ManagedVenv, cache_dir
 from engines.validate import Limits, RequestChecker
 
 
+MAX_WAIT_S = 24 * 3600.0  # start-up and per-request timeouts: a day at most (inf would wait forever)
+
+
 class ServerDied(EngineDied):
     """The server is gone: every further request would fail; stop the run."""
 
@@ -37,23 +41,39 @@ class ServerDied(EngineDied):
 class ServerOptions(BaseModel):
     """EngineConfig.options shared by the server engines (they come from a scenario file)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     url: Optional[str] = None
     launch: Optional[bool] = None
     python: Optional[str] = None
     server_args: tuple[str, ...] = ()
     host: str = "127.0.0.1"
     port: Optional[int] = Field(default=None, ge=1, le=65535)
-    startup_timeout_s: float = Field(default=300.0, gt=0)
+    startup_timeout_s: float = Field(default=300.0, gt=0, le=MAX_WAIT_S)
     per_sample: bool = False
-    timeout_s: float = Field(default=120.0, gt=0)
-    max_connections: int = Field(default=512, ge=1)
+    timeout_s: float = Field(default=120.0, gt=0, le=MAX_WAIT_S)
+    max_connections: int = Field(default=512, ge=1, le=65536)
     log_path: Optional[str] = None
 
     @field_validator("server_args", mode="before")
     @classmethod
     def _split(cls, v: Any) -> tuple[str, ...]:
+        if v is not None and not isinstance(v, (str, list, tuple)):
+            raise ValueError(f"give the arguments as one string or a list, got {type(v).__name__}")
         return split_args(v)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: Optional[str]) -> Optional[str]:
+        if v is None:
+            return v
+        try:
+            parts = urlsplit(v)
+            parts.port  # noqa: B018 - raises on a port that is not one
+        except ValueError as e:
+            raise ValueError(f"{v!r} is not a URL ({e})") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{v!r}: give the server's URL, e.g. http://127.0.0.1:30000")
+        return v
 
     @model_validator(mode="after")
     def _one_mode(self) -> "ServerOptions":
@@ -66,8 +86,8 @@ class ServerOptions(BaseModel):
         try:
             return cls(**options)
         except ValidationError as e:
-            problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'options'}: {err['msg']}"
-                                 for err in e.errors())
+            problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'options'}: "
+                                 f"{err['msg'].removeprefix('Value error, ')}" for err in e.errors())
             raise ValueError(f"{engine} options: {problems} (allowed: {', '.join(cls.model_fields)})") from None
 
     @property

@@ -51,7 +51,7 @@ MIN_MAX_LOGPROBS = 20  # vLLM's default
 
 
 class VLLMOptions(ServerOptions):
-    kv_cache_gib: float = Field(default=2.0, gt=0)
+    kv_cache_gib: float = Field(default=2.0, gt=0, le=4096)
     cpu_bind: Optional[str] = None  # VLLM_CPU_OMP_THREADS_BIND; None: $VLLM_CPU_OMP_THREADS_BIND, else all CPUs
 
 

@@ -35,8 +35,17 @@ def test_unknown_option_lists_the_known_ones():
     ({"precision": "int8"}, "precision='int8'; choose one of auto, bfloat16, float32, float16"),
     ({"gate": "maybe"}, "gate='maybe'; choose one of refuse, decisions, accept"),
     ({"max_labels": 0}, "max_labels >= 1"),
-    ({"max_wait_ms": -1}, "must be >= 0"),
-    ({"max_batch_tokens": "lots"}, "invalid literal"),
+    ({"max_wait_ms": -1}, "max_wait_ms=-1: give milliseconds in 0..10000"),
+    ({"max_batch_tokens": "lots"}, "max_batch_tokens='lots': a whole number is expected"),
+    # hostile values: each was accepted, and misread or hung
+    ({"max_batch_tokens": 2.7}, "max_batch_tokens=2.7: a whole number is expected"),  # was truncated to 2
+    ({"max_batch_seqs": True}, "max_batch_seqs=True: a whole number is expected"),  # was 1
+    ({"max_wait_ms": float("nan")}, "max_wait_ms=nan: give milliseconds"),  # a batch waited forever
+    ({"max_wait_ms": "inf"}, "max_wait_ms='inf': give milliseconds"),  # --option max_wait_ms=inf
+    ({"max_labels": 10**11}, "max_labels=100000000000: outside 0..4,096"),  # tried to allocate 800 GB at start
+    ({"max_batch_beams": 1 << 40}, "outside 0..65,536"),
+    ({"fp8": 5}, "fp8=5: give a GEMM group or a list of them"),  # was "'int' object is not iterable"
+    ({"residual": [1]}, "residual=[1]: a name is expected"),  # was "unhashable type: 'list'"
     ({"prefill_attention": "flash"}, "prefill_attention='flash'; choose one of auto, per_sequence, padded"),
     ({"cuda_graphs": "maybe"}, "'maybe' is not a yes/no value"),
 ])

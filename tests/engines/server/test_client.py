@@ -79,3 +79,22 @@ def test_a_4xx_is_a_rejection_of_that_request(tiny_dir):
     e = engine(tiny_dir, lambda body: httpx.Response(400, json={"error": {"message": "bad field"}}))
     with pytest.raises(RequestRejected, match="Echo /score refused the request \\(HTTP 400\\): bad field"):
         ask(e)
+
+
+@pytest.mark.parametrize("options, says", [
+    ({"startup_timeout_s": float("inf")}, "startup_timeout_s: Input should be a finite number"),  # waited forever
+    ({"timeout_s": float("nan")}, "timeout_s: Input should be a finite number"),
+    ({"timeout_s": 1e9}, "timeout_s: Input should be less than or equal to 86400"),
+    ({"kv_cache_gib": float("inf")}, "kv_cache_gib: Input should be a finite number"),
+    ({"server_args": 5}, "server_args: give the arguments as one string or a list, got int"),  # was a TypeError
+    ({"url": "not a url"}, "url: 'not a url': give the server's URL"),  # was skipped at run time
+    ({"url": "http://[::1"}, "url: 'http://[::1' is not a URL"),  # was an InvalidURL when the engine was made
+    ({"url": "http://h:99999"}, "is not a URL (Port out of range"),
+])
+def test_server_options_refuse_hostile_values(options, says):
+    from engines.vllm.engine import VLLMOptions
+
+    with pytest.raises(ValueError) as e:
+        VLLMOptions.parse(options, "vllm")
+    assert says in str(e.value) and str(e.value).startswith("vllm options: ")
+    assert VLLMOptions.parse({"server_args": ["--tp", 2], "url": "http://127.0.0.1:1"}, "vllm").server_args == ("--tp", "2")
