@@ -67,7 +67,11 @@ def param_number(v: Any) -> float:
 
 
 def parse_sweep_option(texts: Sequence[str]) -> dict[str, list[Any]]:
-    """`--sweep beam_width=25,100,400` (repeatable) -> {"beam_width": [25, 100, 400]}."""
+    """`--sweep beam_width=25,100,400` (repeatable, a parameter once) -> {"beam_width": [25,
+    100, 400]}. The values are read as one YAML flow list, so a distribution is one value:
+    `--sweep 'prompt_tokens={mean: 32, min: 16, max: 48},64'`."""
+    from harness.scenario import _Loader
+
     out: dict[str, list[Any]] = {}
     for text in texts:
         name, sep, values = text.partition("=")
@@ -75,10 +79,13 @@ def parse_sweep_option(texts: Sequence[str]) -> dict[str, list[Any]]:
         if not sep or not name or not values.strip():
             raise ValueError(f"--sweep {text!r}: expected NAME=V1,V2,... e.g. --sweep beam_width=25,100,400; "
                              f"parameters: {', '.join(SWEEP_PARAMS)}")
+        if name in out:
+            raise ValueError(f"--sweep {name}: given twice; give all its values at once, e.g. {name}=1,2,4")
         try:
-            out[name] = [yaml.safe_load(v) for v in values.split(",")]
+            parsed = yaml.load(f"[{values}]", Loader=_Loader)  # noqa: S506 - safe loader, no aliases
         except yaml.YAMLError as e:
-            raise ValueError(f"--sweep {text!r}: cannot read the values ({e})") from None
+            raise ValueError(f"--sweep {text!r}: cannot read the values ({' '.join(str(e).split())})") from None
+        out[name] = parsed
     return out
 
 

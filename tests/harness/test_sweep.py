@@ -83,7 +83,8 @@ def test_cpu_sweep_on_a_cpu_and_the_command_line_over_both():
 
 @pytest.mark.parametrize("texts, message", [
     (["beam_width"], "expected NAME=V1,V2"),
-    (["beam_width=25,,4"], "beam_width[1] = None"),
+    (["beam_width=25,,4"], "--sweep 'beam_width=25,,4': cannot read the values"),
+    (["beam_width=4", "beam_width=8"], "--sweep beam_width: given twice"),  # the last one won silently
     (["beam_width=0"], "beam_width[0] = 0: Input should be greater than 0"),
     (["beam=2"], "unknown sweep parameter 'beam'; parameters: beam_width"),
     (["samples_per_request=2,4"], "a beam_search request has one prompt"),
@@ -92,6 +93,14 @@ def test_bad_sweep_options_say_what_is_wrong(texts, message):
     sc = parse_scenario(_beam())
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
         plan_cells(sc, sc.load, "cpu", parse_sweep_option(texts))
+
+
+def test_sweep_option_takes_a_distribution_as_one_value():
+    """A cell label prints a distribution as {"mean":..}; the same text is one value of --sweep
+    (it used to be split at its commas)."""
+    got = parse_sweep_option(['prompt_tokens={"mean": 8, "min": 4, "max": 12},{mean: 16, min: 8, max: 24},32'])
+    assert got == {"prompt_tokens": [{"mean": 8, "min": 4, "max": 12}, {"mean": 16, "min": 8, "max": 24}, 32]}
+    assert parse_sweep_option(["beam_width=25, 100,400"]) == {"beam_width": [25, 100, 400]}
 
 
 @pytest.mark.parametrize("sweep, message", [
