@@ -450,9 +450,10 @@ def _where(loc: tuple[Any, ...]) -> str:
     return ".".join(parts) or "(top level)"
 
 
-def field_errors(e: ValidationError) -> list[tuple[str, str]]:
+def field_errors(e: ValidationError, yaml_hints: bool = True) -> list[tuple[str, str]]:
     """(field path, message) per error; a validator's "x.y: message" extends the path; a
-    union's branches that all refuse a value's type are one message."""
+    union's branches that all refuse a value's type are one message. `yaml_hints`: say how
+    YAML misread a value (not for JSON, where `true` and `1e-9` mean what they say)."""
     out: dict[str, list[tuple[bool, str]]] = {}
     hints: dict[str, str] = {}
     for err in e.errors():
@@ -463,10 +464,14 @@ def field_errors(e: ValidationError) -> list[tuple[str, str]]:
             msg = m.group(2)
         elif err["type"] == "value_error":
             msg = msg.removeprefix("Value error, ")
-        if is_type and isinstance(err.get("input"), bool):
+        if not yaml_hints:
+            pass
+        elif is_type and isinstance(err.get("input"), bool):
             hints[where] = " (YAML reads unquoted true/false/yes/no/on/off as booleans: quote it)"
         elif is_type and isinstance(err.get("input"), str) and _NUMBER_TEXT.match(err["input"]):
-            hints[where] = f" (YAML reads {err['input']} as text: write it with a dot, e.g. 1.0e-9)"
+            hints[where] = (f" (YAML reads {err['input']} as text: write the digits out, e.g. 1000000)"
+                            if err["type"].startswith("int") else
+                            f" (YAML reads {err['input']} as text: write it with a dot, e.g. 1.0e-9)")
         msgs = out.setdefault(where, [])
         if (is_type, msg) not in msgs:
             msgs.append((is_type, msg))
@@ -574,4 +579,7 @@ def load_scenario(path: str | Path) -> Scenario:
         data = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as e:
         raise ScenarioError(f"{path}: not valid YAML: {e}") from None
+    if data is None:
+        raise ScenarioError(f"{path}: the file is empty (or only comments); a scenario is a mapping of fields, "
+                            f"see scenarios/prefill_15.yaml")
     return parse_scenario(data, str(path))

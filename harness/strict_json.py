@@ -35,4 +35,6 @@ def loads(raw: bytes) -> Any:
     except RecursionError:
         raise BadJson("not valid JSON: nested too deeply") from None
     except ValueError as e:  # JSONDecodeError included
+        if "integer string conversion" in str(e):  # Python's cap on digits: its advice is not the user's
+            raise BadJson("not valid JSON here: a number has more than 4300 digits") from None
         raise BadJson(f"not valid JSON: {getattr(e, 'msg', e)}") from None

@@ -109,7 +109,7 @@ def parse_body(model: type[_Body], raw: bytes) -> Any:
 
 def validation_message(e: ValidationError) -> str:
     lines = [f"field {where}: {'unknown field' if msg == 'Extra inputs are not permitted' else msg}"
-             for where, msg in field_errors(e)]
+             for where, msg in field_errors(e, yaml_hints=False)]
     more = f" (and {len(lines) - 6} more)" if len(lines) > 6 else ""
     return "invalid request: " + "; ".join(lines[:6]) + more
 

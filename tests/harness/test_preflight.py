@@ -93,6 +93,11 @@ FILE_CASES = [
                                                                           "expects no request at all"),
     (PREFILL, "load", {"mode": "poisson", "rate": [1e-9], "requests": 2}, "field load.rate: 2 requests at 1e-09/s take"),
     (PREFILL, "cpu", {"rate": [5.0]}, "field cpu.rate: a closed load has no rate"),
+    # YAML 1.1 reads 1e30 as text: an integer field's hint must not say "with a dot"
+    (PREFILL, "workload.seed", "1e30", "field workload.seed: Input should be a valid integer (YAML reads 1e30 as "
+                                       "text: write the digits out, e.g. 1000000)"),
+    (PREFILL, "slo", {"mean_ms": "1e3"}, "field slo.mean_ms: Input should be a valid number (YAML reads 1e3 as "
+                                         "text: write it with a dot, e.g. 1.0e-9)"),
 ]
 
 
@@ -114,7 +119,8 @@ RAW_CASES = [
     ("repeated key", b"name: a\nname: b\n", "key 'name' appears twice"),
     ("python tag", b"name: !!python/object/apply:os.system [ls]\n", "not valid YAML"),
     ("not a mapping", b"- a\n- b\n", "the file must hold a mapping of fields, got list"),
-    ("empty", b"", "the file must hold a mapping of fields, got NoneType"),
+    ("empty", b"", "the file is empty (or only comments)"),
+    ("only comments", b"# name: x\n", "the file is empty (or only comments)"),
     ("unclosed", b"name: [unclosed", "not valid YAML"),
     ("huge", b"#" * (1 << 20 + 1), "is over 1,048,576 bytes"),
 ]

@@ -63,6 +63,21 @@ def test_bodies_are_parsed_strictly(raw, msg):
     assert e.value.status == 400
 
 
+def test_body_errors_carry_no_yaml_hints():
+    """A JSON body's `true` is a boolean as written: the scenario files' YAML hint misled here."""
+    from harness.serve.api import parse_body
+
+    with pytest.raises(ApiError) as e:
+        parse_body(ScoreBody, b'{"items": [" a"], "label_token_ids": [true, 2], "apply_softmax": true}')
+    assert str(e.value).endswith("field label_token_ids.0: Input should be a valid integer"), str(e.value)
+
+
+def test_a_text_item_too_long_names_the_cap_it_broke(translator):
+    with pytest.raises(ApiError) as e:  # the cap is query + item tokens (7), not max_item_tokens (3)
+        translator.score(_body(query=" q", items=[" a" * 5000]), "r")
+    assert "items.0: 10,000 characters are more than max_query_tokens + max_item_tokens 7 tokens" in str(e.value)
+
+
 def test_text_that_is_not_unicode_is_a_400(translator):
     from harness.serve.api import parse_body
 
