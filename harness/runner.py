@@ -207,4 +207,10 @@ def model_shape(model: str) -> ModelShape:
         return ModelShape.from_dir(model)
     from transformers import AutoConfig
 
-    return ModelShape.from_config(AutoConfig.from_pretrained(model).to_dict())
+    try:
+        config = AutoConfig.from_pretrained(model)
+    except OSError as e:  # not cached and the hub out of reach (or no such model): say which field
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"field model: {model!r} is a hub id this machine cannot load ({reason}); "
+                         f"use a preset or a local model directory") from None
+    return ModelShape.from_config(config.to_dict())

@@ -382,6 +382,14 @@ class Scenario(_Strict):
         return v
 
     @model_validator(mode="after")
+    def _unconstrained_needs_beams(self) -> "Scenario":
+        for k, spec in enumerate(self.engines):
+            if spec.unconstrained and not isinstance(self.task, BeamTask):
+                raise ValueError(f"engines.{k}.unconstrained: only for beam search (a {self.task.kind} task has no "
+                                 "item codes to leave out)")
+        return self
+
+    @model_validator(mode="after")
     def _query_needs_prefill(self) -> "Scenario":
         if self.workload.has_query and not isinstance(self.task, PrefillTask):
             raise ValueError("workload: a query + items workload needs task kind prefill_only")

@@ -93,6 +93,8 @@ FILE_CASES = [
                                                                           "expects no request at all"),
     (PREFILL, "load", {"mode": "poisson", "rate": [1e-9], "requests": 2}, "field load.rate: 2 requests at 1e-09/s take"),
     (PREFILL, "cpu", {"rate": [5.0]}, "field cpu.rate: a closed load has no rate"),
+    (PREFILL, "engines", [{"name": "hf", "unconstrained": True}], "field engines.0.unconstrained: only for beam "
+                                                                  "search"),  # was accepted and meant nothing
     # YAML 1.1 reads 1e30 as text: an integer field's hint must not say "with a dot"
     (PREFILL, "workload.seed", "1e30", "field workload.seed: Input should be a valid integer (YAML reads 1e30 as "
                                        "text: write the digits out, e.g. 1000000)"),

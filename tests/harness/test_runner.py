@@ -95,3 +95,21 @@ def test_a_query_shared_by_its_items_may_pass_100_percent_by_the_workloads_bound
     assert sharing_bound(load_scenario(SCENARIOS / "relevance_15.yaml").workload) == pytest.approx(1200 / 528)
     fixed = Workload(query_tokens=10, item_tokens=10, items_per_request=4)
     assert sharing_bound(fixed) == pytest.approx(4 * 20 / 50)
+
+
+def test_a_hub_id_this_machine_cannot_load_names_the_field(monkeypatch):
+    """A hub id that is not cached, offline: transformers' OSError said nothing of the scenario."""
+    import pytest
+    import transformers
+
+    from harness.runner import model_shape
+
+    def offline(*_a, **_k):
+        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files.\nCheck your connection.")
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", offline)
+    with pytest.raises(ValueError) as e:
+        model_shape("someone/not-cached")
+    assert str(e.value) == ("field model: 'someone/not-cached' is a hub id this machine cannot load (We couldn't "
+                            "connect to 'https://huggingface.co' to load the files.); use a preset or a local "
+                            "model directory")
