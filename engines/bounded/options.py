@@ -115,9 +115,9 @@ def _whole(name: str, value: Any, cap: int) -> int:
 
 def _milliseconds(value: Any) -> float:
     """max_wait_ms: a finite number of ms, at most MAX_WAIT_MS (NaN or inf would hold a batch forever)."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
     try:
-        ms = float(value) if isinstance(value, str) or (isinstance(value, (int, float)) and not isinstance(value, bool)) \
-            else math.nan
+        ms = float(value) if number or isinstance(value, str) else math.nan
     except ValueError:
         ms = math.nan
     if not 0 <= ms <= MAX_WAIT_MS:
