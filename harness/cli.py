@@ -231,6 +231,8 @@ def infer(
 @app.command()
 def scenarios(folder: Path = typer.Argument(REPO / "scenarios", help="Folder of scenario files.")) -> None:
     """List scenario files, one line each."""
+    if not folder.is_dir():  # a file or a typo listed nothing, and looked like an empty folder
+        _fail(f"{folder}: not a folder of scenario files")
     t = Table(show_header=True)
     for col in ("file", "name", "model", "task"):
         t.add_column(col, no_wrap=True)

@@ -302,3 +302,11 @@ def test_seed_scenarios_run_without_server_engines():
             elif spec.name in ("bounded", "hf", "noop"):
                 assert not spec.optional, f"{path.name}: {spec.title} must run"
     assert seen >= 9
+
+
+def test_scenarios_of_something_that_is_not_a_folder(tmp_path):
+    for where in (tmp_path / "missing", SCENARIOS / "smoke_beam.yaml"):  # both listed an empty table, exit 0
+        res = CliRunner().invoke(app, ["scenarios", str(where)])
+        assert res.exit_code == 2 and "not a folder of scenario files" in " ".join(res.output.split()), res.output
+    res = CliRunner().invoke(app, ["scenarios", str(SCENARIOS)])
+    assert res.exit_code == 0 and "smoke_beam" in res.output
