@@ -195,9 +195,7 @@ class RequestChecker:
         if isinstance(req.query, str):
             self._text_fits(req.query, n.query, b.max_query_tokens, "max_query_tokens")
             for k, item in enumerate(items):
-                # joined with the query before tokenizing: the pair's cap is what bounds this text
-                self._text_fits(item, f"{n.items}.{k}", b.max_item_tokens + b.max_query_tokens,
-                                "max_query_tokens + max_item_tokens")
+                self._text_fits(item, f"{n.items}.{k}", b.max_item_tokens + b.max_query_tokens, "max_item_tokens")
         query, item_ids = split_query(self.tokenizer, req.query, items)
         cap = b.max_item_tokens
         if query:

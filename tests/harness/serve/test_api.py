@@ -73,9 +73,9 @@ def test_body_errors_carry_no_yaml_hints():
 
 
 def test_a_text_item_too_long_names_the_cap_it_broke(translator):
-    with pytest.raises(ApiError) as e:  # the cap is query + item tokens (7), not max_item_tokens (3)
+    with pytest.raises(ApiError) as e:  # it once said "max_item_tokens 256" (the query + item cap, misnamed)
         translator.score(_body(query=" q", items=[" a" * 5000]), "r")
-    assert "items.0: 10,000 characters are more than max_query_tokens + max_item_tokens 7 tokens" in str(e.value)
+    assert "items.0: 10,000 characters are more than max_item_tokens 3 tokens" in str(e.value)
 
 
 def test_text_that_is_not_unicode_is_a_400(translator):
