@@ -113,9 +113,9 @@ def main() -> None:
     ap.add_argument("--engine", default="hf")
     ap.add_argument("--replicas", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--cpus-per-replica", type=float, default=1.0)
-    ap.add_argument("--replica-concurrency", type=int, default=2,
+    ap.add_argument("--replica-concurrency", type=int, default=4,
                     help="bench serve --concurrency: requests inside one replica at once (its "
-                         "max_ongoing_requests); the rest wait at Ray's router (default 2)")
+                         "max_ongoing_requests); the rest wait at Ray's router (default 4, as bench serve)")
     ap.add_argument("--idle-s", type=float, default=5.0, help="seconds Ray's idle CPU is measured before each run")
     ap.add_argument("--requests", type=int, help="measured requests per configuration (default: the scenario's)")
     ap.add_argument("--out", type=Path, help="folder for the runs (default reports/<time>-ray-scaling)")
