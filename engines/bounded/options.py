@@ -37,8 +37,8 @@ class BoundedOptions:
     fp8: tuple[str, ...] = ()  # GEMM groups to run in FP8 (CUDA, compute capability >= 8.9)
     prefill_attention: str = "auto"  # packed prefill attention: auto (the device's best), per_sequence, padded
     cuda_graphs: bool = True  # on a GPU: capture the beam decode steps as CUDA graphs at start
-    share_query: bool = True  # a query request: prefill the query once, its items share its K/V
     gate: str = "refuse"  # the accuracy gate's mode: GATE_MODES
+    share_query: bool = True  # a query request: prefill the query once, its items share its K/V
 
     def gemm_kinds(self) -> dict[str, str]:
         """{group: GEMM kind} of the groups these options lower (the rest stay dense)."""

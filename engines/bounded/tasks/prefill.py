@@ -29,7 +29,6 @@ from engines.bounded.tasks.base import Task
 from engines.bounded.tasks.batcher import Pending
 from engines.bounded.tasks.dag import Dag, Node
 from engines.bounded.tasks.gate import Distance
-from engines.validate import Limits, RequestChecker
 
 
 @dataclass(frozen=True)
@@ -77,7 +76,6 @@ class PrefillTask(Task):
 
     def __init__(self, runtime: PrefillRuntime, bounds: Bounds, plan: PrefillPlan, share_query: bool = True):
         self.share_query = share_query  # both attentions take a prefix (kernels/attention.py)
-        self.checker: RequestChecker | None = None
         super().__init__(runtime, bounds, plan, Dag([
             Node("tokenize", self.tokenize, ("request",), scope="request"),
             Node("pack", self.pack, ("items",)),
@@ -92,10 +90,6 @@ class PrefillTask(Task):
         runtime = PrefillRuntime(config.model_dir, policy, config.device, plan.prefill, options.compile, log,
                                  options.prefill_attention)
         return cls(runtime, config.bounds, plan.prefill, options.share_query)
-
-    def start(self, tokenizer) -> None:
-        self.checker = RequestChecker(Limits.for_model(self.runtime.model_dir, self.bounds), tokenizer)
-        super().start(tokenizer)
 
     def describe(self) -> dict:
         return {**super().describe(), "share_query": self.share_query}
