@@ -113,3 +113,26 @@ def test_a_hub_id_this_machine_cannot_load_names_the_field(monkeypatch):
     assert str(e.value) == ("field model: 'someone/not-cached' is a hub id this machine cannot load (We couldn't "
                             "connect to 'https://huggingface.co' to load the files.); use a preset or a local "
                             "model directory")
+
+
+def test_an_int8_plan_over_100_percent_does_not_blame_the_peak():
+    """int8/fp8 work counts at the float FLOPs against the float peak, so it may pass 100 %."""
+    from types import SimpleNamespace
+
+    from harness.runner import EngineRun, RunResult, low_precision
+
+    int8 = {"precision": {"gemm": {"qkv": "dense", "down": "int8"}}}
+    assert low_precision(int8) and not low_precision({"precision": {"gemm": {"qkv": "dense"}}})
+    assert not low_precision({"dtype": "bfloat16"})
+    sc = load_scenario(SCENARIOS / "smoke_prefill.yaml")
+    peaks = SimpleNamespace(mfu_tflops=0.4, why=lambda: "measured", emulated=lambda d: None)
+    point = lambda: SimpleNamespace(metrics=SimpleNamespace(mfu=1.13, ok=5, p99_estimate=False))  # noqa: E731
+    result = RunResult(sc, "m", "cpu", peaks)
+    result.engines.append(EngineRun("bounded-int8", describe=int8))
+    result.engines[-1].points = [point()]
+    result.engines[-1].warnings = lambda: []  # the per-point warnings are not what is tested
+    assert not [w for w in result.warnings if "effective MFU up to" in w]
+    result.engines.append(EngineRun("bounded", describe={"precision": {"gemm": {"qkv": "dense"}}}))
+    result.engines[-1].points = [point()]
+    result.engines[-1].warnings = lambda: []
+    assert [w for w in result.warnings if "effective MFU up to" in w]
