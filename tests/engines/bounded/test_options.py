@@ -23,7 +23,7 @@ def test_unknown_option_lists_the_known_ones():
     msg = str(e.value)
     assert "unknown bounded-engine option(s) compiel, max_batch" in msg
     assert "known options: compile, max_wait_ms, max_batch_tokens, max_batch_seqs, max_labels, " \
-           "max_batch_beams, residual, precision, int8, fp8, prefill_attention, cuda_graphs, share_query, gate" in msg
+           "max_batch_beams, residual, precision, int8, fp8, prefill_attention, cuda_graphs, gate, share_query" in msg
 
 
 @pytest.mark.parametrize("options,says", [
