@@ -83,10 +83,12 @@ def _answers(task: Any, items: list[Any]) -> list[Any]:
 
 def cache_path(task: Any) -> Any:
     """The verdict's file: keyed by the task's package keys (model, dtypes, GEMM kinds, code,
-    torch, shapes) and the head's kind."""
+    torch, shapes), the head's kind and how the plan is served (aot, or eager where it fell
+    back: the compiled and eager int8 paths are different kernels)."""
     rt = task.runtime
     keys = [rt.key(e.name, e.shapes).digest() for e in rt.exports()]
-    tag = json.dumps({"packages": keys, "head": rt.policy.gemm_kind("head"), "gate": 1})
+    tag = json.dumps({"packages": keys, "head": rt.policy.gemm_kind("head"), "serving": rt.status.get("compile"),
+                      "gate": 1})
     return aot.cache_root() / f"gate-{task.kind}-{hashlib.sha256(tag.encode()).hexdigest()[:16]}.json"
 
 

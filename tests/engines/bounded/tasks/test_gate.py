@@ -89,3 +89,22 @@ def test_gate_modes_judge_error_and_decisions_or_decisions_alone(monkeypatch, tm
     assert out["passed"] and out["cached"] and not out["accepted"] and out["mode"] == "decisions"
     with pytest.raises(PlanRefused, match=r"agreement 90.0% < bf16's 100.0%"):
         gate.check(task, None, policy, "decisions", lambda m: None)
+
+
+def test_the_cached_verdict_is_keyed_by_how_the_plan_is_served(monkeypatch, tmp_path):
+    """An eager (fallen-back) plan runs other int8 kernels than its AOT package: its own verdict."""
+    from types import SimpleNamespace
+
+    from engines.bounded.tasks import gate
+
+    monkeypatch.setenv("BOUNDED_BENCH_CACHE", str(tmp_path))
+    export = SimpleNamespace(name="score_prefill", shapes={})
+    key = SimpleNamespace(digest=lambda: "abc")
+
+    def task(mode):
+        rt = SimpleNamespace(exports=lambda: [export], key=lambda name, shapes: key, status={"compile": mode},
+                             policy=SimpleNamespace(gemm_kind=lambda group: "int8"))
+        return SimpleNamespace(kind="prefill_only", runtime=rt)
+
+    assert gate.cache_path(task("aot")) == gate.cache_path(task("aot"))
+    assert gate.cache_path(task("aot")) != gate.cache_path(task("eager"))
