@@ -71,6 +71,6 @@ class Int8Head:
         packed = int8.prepack(q)
         return cls(q if packed is None else q[:0], scale, packed)
 
-    def __call__(self, hidden: Tensor) -> Tensor:
-        # hidden [B, hidden] -> float32 logits [B, V]
-        return int8.int8_linear_packed(hidden, self.packed, self.weight, self.scale)
+    def __call__(self, hidden: Tensor, out: Optional[Tensor] = None) -> Tensor:
+        # hidden [B, hidden] -> float32 logits [B, V] (in `out`, a planned buffer, when given)
+        return int8.int8_linear_packed(hidden, self.packed, self.weight, self.scale, out)

@@ -235,7 +235,7 @@ class BeamRuntime(CompiledRuntime):
         # hidden: [rows, hidden] -> log-probabilities [rows, V] in the planned buffer
         logp, logits = self.buffers.head_views(hidden.shape[0])
         if self.int8_head is not None:
-            return head.log_probs_of(self.int8_head(hidden), self.banned, logp)
+            return head.log_probs_of(self.int8_head(hidden, logp), self.banned, logp)  # in place
         return head.head_log_probs(hidden, self.head_weight, self.banned, logp, logits, self.packed_head)
 
     def _select(self, batch: BeamBatch, logp: Tensor, cum: Tensor, nodes: Tensor, state: BeamState,

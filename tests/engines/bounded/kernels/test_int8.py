@@ -69,6 +69,10 @@ def test_prepacked_int8_linear_equals_the_unpacked_one():
     assert torch.allclose(got, int8.int8_linear(x, q, ws, _zero(q)), rtol=1e-5, atol=1e-5)
     unpacked = int8.int8_linear_packed(x, None, q, ws)  # torch._int_mm, where oneDNN is missing
     assert torch.allclose(unpacked, got, rtol=1e-5, atol=1e-5)
+    for pk in (packed, None):  # into a planned buffer holding stale values: they are not summed in
+        out = torch.full((20, 300), 7.0)
+        assert int8.int8_linear_packed(x, pk, q, ws, out=out) is out
+        assert torch.allclose(out, got, rtol=1e-5, atol=1e-5)
 
 
 def test_int8_head_log_probs_against_float():
