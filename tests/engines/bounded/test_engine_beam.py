@@ -76,3 +76,12 @@ def test_describe_names_the_beam_dag(engine):
     d = engine.describe()
     assert d["serves"] == ["beam_search"] and d["beam_search"]["plan"]["max_requests"] == 4
     assert d["beam_search"]["dag"]["batch"] == ["prefill", "step1", "step2", "step3", "step4", "format"]
+
+
+def test_warm_up_runs_the_full_batch_and_a_lone_request(engine, monkeypatch):
+    task = engine.tasks["beam_search"]
+    ran = []
+    monkeypatch.setattr(task, "run", lambda jobs, stages: ran.append((len(jobs), jobs[0].width, jobs[0].steps)))
+    task.warm_up()
+    p = task.plan  # the planned batch's shapes, then concurrency 1's (oneDNN builds kernels per row count)
+    assert ran == [(p.max_requests, p.max_width, p.max_steps), (1, p.max_width, p.max_steps)]
