@@ -126,20 +126,27 @@ def compile_package(key: CompileKey, module: nn.Module, example_args: tuple, dyn
 
 # what may change between builds of the same package (the rest of the key names the package)
 _BUILD_FIELDS = ("code", "torch_version", "inductor")
+# builds of one package kept in the cache: the new one and the newest before it, so two
+# checkouts (or branches) sharing a cache do not delete each other's packages on every start
+KEEP_BUILDS = 2
 
 
-def prune_superseded(key: CompileKey, log: Callable[[str], None]) -> None:
+def prune_superseded(key: CompileKey, log: Callable[[str], None], keep: int = KEEP_BUILDS) -> None:
     """Delete cached packages that differ from `key` only in build fields (older sources,
-    torch or Inductor settings): nothing will load them again, and each is ~1 GB."""
+    torch or Inductor settings), but for the newest `keep - 1` of them: each is ~1 GB."""
     mine = {k: v for k, v in asdict(key).items() if k not in _BUILD_FIELDS}
+    others = []
     for meta in key.package_path().parent.glob(f"{key.program}-*.json"):
         if meta.stem == key.package_path().stem:
             continue
         try:
             other = json.loads(meta.read_text())
+            written = meta.stat().st_mtime
         except (OSError, ValueError):
             continue
         if {k: v for k, v in other.items() if k not in _BUILD_FIELDS} == mine:
-            meta.with_suffix(".pt2").unlink(missing_ok=True)
-            meta.unlink(missing_ok=True)
-            log(f"removed superseded package {meta.with_suffix('.pt2').name}")
+            others.append((written, meta))
+    for _, meta in sorted(others, reverse=True)[max(keep - 1, 0):]:
+        meta.with_suffix(".pt2").unlink(missing_ok=True)
+        meta.unlink(missing_ok=True)
+        log(f"removed superseded package {meta.with_suffix('.pt2').name}")
