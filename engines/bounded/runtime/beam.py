@@ -51,7 +51,8 @@ class BeamRuntime(CompiledRuntime):
                  attention: str = "auto", cuda_graphs: bool = True, graph_backend: Optional[Backend] = None):
         """`cuda_graphs`: capture the decode steps on a GPU; `graph_backend` captures them on
         any device instead (tests)."""
-        super().__init__(model_dir, policy, device, compile_mode, log, attention)
+        # a beam prefill packs at most the plan's requests' prompts: few, on the common plans
+        super().__init__(model_dir, policy, device, compile_mode, log, attention, plan.max_requests)
         self.plan, self.banned_ids = plan, list(banned)
         self.cuda_graphs, self.graph_backend = cuda_graphs, graph_backend
         self.buffers: Optional[BeamBuffers] = None

@@ -35,12 +35,12 @@ class CompiledRuntime:
     size the rotary tables (`max_positions`) and what to build once graphs exist (`serve`)."""
 
     def __init__(self, model_dir: Path, policy: PrecisionPolicy, device: str, compile_mode: str = "aot",
-                 log: Callable[[str], None] = print, attention: str = "auto"):
+                 log: Callable[[str], None] = print, attention: str = "auto", max_sequences: Optional[int] = None):
         """`attention`: the packed prefill's attention (kernels/attention.ATTENTIONS), or
-        "auto": the device's best."""
+        "auto": the device's best for batches of up to `max_sequences` sequences (None: many)."""
         self.model_dir, self.policy, self.log = Path(model_dir), policy, log
         self.device, self.requested = torch.device(device), compile_mode
-        self.attention = attention_for(self.device) if attention == "auto" else attention
+        self.attention = attention_for(self.device, max_sequences) if attention == "auto" else attention
         self.status: dict[str, Any] = {"compile": compile_mode, "compile_requested": compile_mode,
                                        "prefill_attention": self.attention}
         self._model: Optional[DecoderModel] = None

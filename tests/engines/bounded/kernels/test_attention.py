@@ -148,3 +148,11 @@ def test_one_querys_items_are_shared_out_to_the_workers():
     assert [u.span for u in own] == [(0, 30), (100, 120)] and all(not u.items for u in own)
     assert len(runs) == 2 and [s for run in runs for s in run] == spans[1:8]  # every item once, in order
     assert abs(len(runs[0]) - len(runs[1])) <= 1
+
+
+def test_auto_attention_by_device_and_batch():
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert kernels.attention_for(cpu) == "per_sequence"  # scoring: many samples of unequal lengths
+    assert kernels.attention_for(cpu, kernels.FEW_SEQUENCES) == "padded"  # a beam batch's prompts
+    assert kernels.attention_for(cpu, kernels.FEW_SEQUENCES + 1) == "per_sequence"
+    assert kernels.attention_for(gpu) == kernels.attention_for(gpu, 1) == "padded"
