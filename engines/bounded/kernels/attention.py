@@ -1,14 +1,16 @@
 """Causal attention within each sequence of a packed prefill batch, two ways (ATTENTIONS):
 
-- "per_sequence" (CPU): `varlen_attention`, an opaque op for torch.export/Inductor (the
-  graph around it is compiled; inside, one small GEMM pair per sequence on single-threaded
-  workers). It reads the sequence offsets on the host, which on a CPU is where they are.
-  A sequence may also see the whole of an earlier one, its prefix: a query whose K/V its
-  items share (query_attention.py), so a query request's query is computed once.
-- "padded" (GPU): `packed_attention_padded`, plain tensor ops that compile into the graph:
-  gather the packed rows into an [S, L] padded view with the batch's device-side indices
-  (built once per batch by the packer), one flash SDPA, gather back. No host tensor and no
-  host sync inside the graph, and one kernel per layer instead of one per sequence.
+- "per_sequence" (CPU, prefill scoring): `varlen_attention`, an opaque op for
+  torch.export/Inductor (the graph around it is compiled; inside, one small GEMM pair per
+  sequence on single-threaded workers). It reads the sequence offsets on the host, which on
+  a CPU is where they are. A sequence may also see the whole of an earlier one, its prefix:
+  a query whose K/V its items share (query_attention.py), so a query request's query is
+  computed once.
+- "padded" (GPU; on a CPU the beam prefill of a few prompts, see `attention_for`):
+  `packed_attention_padded`, plain tensor ops that compile into the graph: gather the
+  packed rows into an [S, L] padded view with the batch's device-side indices (built once
+  per batch by the packer), one flash SDPA, gather back. No host tensor and no host sync
+  inside the graph, and one kernel per layer instead of one per sequence.
 
   It shares a query the same way through the indices alone: an item's padded row is its
   query's rows then its own (runtime/buffers.py), so the query's K/V are gathered, not
