@@ -472,11 +472,10 @@ def field_errors(e: ValidationError, yaml_hints: bool = True) -> list[tuple[str,
             msg = m.group(2)
         elif err["type"] == "value_error":
             msg = msg.removeprefix("Value error, ")
-        if not yaml_hints:
-            pass
-        elif is_type and isinstance(err.get("input"), bool):
+        misread = yaml_hints and is_type
+        if misread and isinstance(err.get("input"), bool):
             hints[where] = " (YAML reads unquoted true/false/yes/no/on/off as booleans: quote it)"
-        elif is_type and isinstance(err.get("input"), str) and _NUMBER_TEXT.match(err["input"]):
+        elif misread and isinstance(err.get("input"), str) and _NUMBER_TEXT.match(err["input"]):
             hints[where] = (f" (YAML reads {err['input']} as text: write the digits out, e.g. 1000000)"
                             if err["type"].startswith("int") else
                             f" (YAML reads {err['input']} as text: write it with a dot, e.g. 1.0e-9)")
