@@ -21,6 +21,7 @@ Hq query heads, Hkv K/V heads, D head dim.
 """
 from __future__ import annotations
 
+import functools
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional
@@ -29,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from engines.bounded.kernels.query_attention import Unit, attend_items, attention_units, head_rows
+from engines.bounded.kernels.query_attention import Span, Unit, attend_items, attention_units, head_rows
 
 ATTENTIONS = ("per_sequence", "padded")
 
@@ -87,8 +88,9 @@ def varlen_attention_cpu(q: Tensor, k: Tensor, v: Tensor, spans: list[tuple[int,
     query_attention.py), with batched GEMMs per sequence.
 
     The g query heads sharing a kv head are stacked into one [g*n, D] matrix (no K/V
-    repeat); the causal mask is an additive bias, softmax in float32. On CPUs without AMX
-    this runs ~2.5x faster than the flash kernel over a padded view, and with no padding.
+    repeat); the causal mask is an additive bias, softmax in float32. On many sequences of
+    unequal lengths it beats the flash kernel over a padded view (no padding; see
+    FEW_SEQUENCES for where it does not).
     `fp32_scores` computes Q K^T from float32 copies (bf16 GEMM output would round the
     logits). The work (units: a sequence, or a run of a query's items) is shared out to one
     single-threaded worker per intra-op thread: the per-sequence ops are too small to split
@@ -97,10 +99,9 @@ def varlen_attention_cpu(q: Tensor, k: Tensor, v: Tensor, spans: list[tuple[int,
     """
     t, hq, d = q.shape
     out = torch.empty(t, k.shape[1], hq // k.shape[1], d, dtype=q.dtype, device=q.device)
-    longest = max(e - s for s, e in spans)
-    bias = torch.full((longest, longest), float("-inf"), device=q.device).triu_(1)
     threads = torch.get_num_threads()
-    groups = _balance(attention_units(spans, prefix, threads), threads)
+    groups, longest = _layout(tuple(spans), None if prefix is None else tuple(prefix), threads)
+    bias = _causal_bias(longest, q.device)
     inference, grad = torch.is_inference_mode_enabled(), torch.is_grad_enabled()
 
     def run(group: list[Unit]) -> None:
@@ -114,6 +115,22 @@ def varlen_attention_cpu(q: Tensor, k: Tensor, v: Tensor, spans: list[tuple[int,
         list(_workers(len(groups)).map(run, groups))
         torch.set_num_threads(threads)  # see _single_threaded
     return out.view(t, hq * d)
+
+
+@functools.lru_cache(maxsize=8)
+def _layout(spans: tuple[Span, ...], prefix: Optional[tuple[int, ...]], threads: int) -> tuple[list[list[Unit]], int]:
+    """The workers' shares and the longest span of one batch: every layer of a call asks
+    for the same batch, so it is worked out once, not once per layer."""
+    return _balance(attention_units(list(spans), None if prefix is None else list(prefix), threads), threads), \
+        max(e - s for s, e in spans)
+
+
+@functools.lru_cache(maxsize=2)  # a batch's layers hit it; batches rarely share a longest span
+def _causal_bias(longest: int, device: torch.device) -> Tensor:
+    """[L, L] float32 additive causal mask (-inf above the diagonal), shared read-only by the
+    layers and batches with that longest span."""
+    with torch.inference_mode(False):  # a normal tensor: usable in and out of inference mode
+        return torch.full((longest, longest), float("-inf"), device=device).triu_(1)
 
 
 def _run_unit(out: Tensor, q: Tensor, k: Tensor, v: Tensor, unit: Unit, bias: Tensor, fp32: bool) -> None:
