@@ -85,3 +85,23 @@ def test_int8_head_log_probs_against_float():
     keep = torch.arange(300) != 7
     assert (got[:, keep] - ref[:, keep]).abs().max() < 0.05
     assert (got[:, keep].argmax(-1) == ref[:, keep].argmax(-1)).all()
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN's int8 linear")
+def test_packed_int8_linear_into_out_where_onednn_returns_a_new_tensor(monkeypatch):
+    # a oneDNN build whose sum post-op writes a new tensor instead of `out`: the values still land in `out`
+    x, w = _data(t=6, k=64, n=200)
+    q, ws = int8.int8_quantise(w)
+    packed = int8.prepack(q)
+    want = int8.int8_linear_packed(x, packed, q, ws)
+    real = torch.ops.onednn.qlinear_pointwise.binary
+
+    def not_in_place(*args):
+        args = list(args)
+        args[6] = args[6].clone()  # the accumulator: the caller's buffer stays as it was
+        return real(*args)
+
+    monkeypatch.setattr(torch.ops.onednn.qlinear_pointwise, "binary", not_in_place)
+    out = torch.full((6, 200), 7.0)
+    assert int8.int8_linear_packed(x, packed, q, ws, out=out) is out
+    assert torch.allclose(out, want, rtol=1e-5, atol=1e-5)
