@@ -13,8 +13,9 @@ import hashlib
 import json
 import os
 import time
+import zipfile
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Optional
 
 import torch
@@ -120,8 +121,31 @@ def compile_package(key: CompileKey, module: nn.Module, example_args: tuple, dyn
     os.replace(tmp, path)
     path.with_suffix(".json").write_text(json.dumps(asdict(key), indent=1, sort_keys=True))
     log(f"compiled {key.program} in {time.perf_counter() - t0:.1f} s")
+    drop_build_copies(path, log)
     prune_superseded(key, log)
     return path
+
+
+def drop_build_copies(package: Path, log: Callable[[str], None]) -> int:
+    """Delete the shared objects Inductor's build left in its own cache folder (under the
+    system temp dir) once `package` holds its own copies: each one carries the model's weights
+    as constants (~0.6-1.2 GB for the presets), so a few compiles used to fill a small disk.
+    -> bytes freed. Only files named like the package's are touched (names are hashes)."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+        with zipfile.ZipFile(package) as z:
+            names = {PurePosixPath(n).name for n in z.namelist() if n.endswith(".so")}
+        freed = 0
+        for name in names:
+            for f in Path(cache_dir()).glob(f"*/{name}"):
+                freed += f.stat().st_size
+                f.unlink()
+    except (ImportError, OSError, zipfile.BadZipFile) as e:  # a torch without that layout: keep them
+        log(f"left Inductor's build files in place ({type(e).__name__}: {e})")
+        return 0
+    if freed:
+        log(f"removed {freed / 2**20:.0f} MiB of Inductor build files the package holds a copy of")
+    return freed
 
 
 # what may change between builds of the same package (the rest of the key names the package)

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import shutil
+import zipfile
 from pathlib import Path
 
 from engines.bounded.plan import PrefillPlan
@@ -52,3 +53,24 @@ def test_code_digest_covers_whole_graph_folders_only(tmp_path):
     assert all(changed(p) for p in ("model/layers.py", "kernels/dense.py", "programs/beam.py",
                                      "runtime/buffers.py", "kernels/new_kernel.py"))
     assert not any(changed(p) for p in ("tasks/beam.py", "engine.py", "options.py", "plan.py"))
+
+
+def test_build_copies_of_a_package_are_dropped_from_inductors_cache(tmp_path, monkeypatch):
+    inductor = tmp_path / "inductor"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(inductor))
+    package = tmp_path / "p.pt2"
+    with zipfile.ZipFile(package, "w") as z:
+        z.writestr("p/data/aotinductor/model/cabc.wrapper.so", b"so")
+        z.writestr("p/data/aotinductor/model/cabc.wrapper.cpp", b"cpp")
+    (inductor / "c7").mkdir(parents=True)
+    (inductor / "c7" / "cabc.wrapper.so").write_bytes(b"x" * 1000)  # the build's copy
+    (inductor / "c7" / "cabc.wrapper.cpp").write_bytes(b"src")  # sources stay (small)
+    (inductor / "c8").mkdir()
+    (inductor / "c8" / "cdef.wrapper.so").write_bytes(b"y" * 10)  # another package's build
+    logged = []
+    assert aot.drop_build_copies(package, logged.append) == 1000
+    assert not (inductor / "c7" / "cabc.wrapper.so").exists()
+    assert (inductor / "c7" / "cabc.wrapper.cpp").exists() and (inductor / "c8" / "cdef.wrapper.so").exists()
+    assert aot.drop_build_copies(package, logged.append) == 0  # nothing left to free
+    assert aot.drop_build_copies(tmp_path / "missing.pt2", logged.append) == 0
+    assert "left Inductor's build files in place" in logged[-1]

@@ -62,6 +62,7 @@ def test_compile_once_then_load_and_recompile_on_key_change(engine_factory, cach
     assert status["compile"] == "aot" and d["compiled_now"] is True
     assert (first.describe()["mode"], first.describe()["fallback"]) == ("aot", None)
     assert str(cache) in d["package"]
+    assert not _build_copies(d["package"])  # Inductor's copy of the shared object is gone
     reqs = _requests()
     got = asyncio.run(_gather(first, reqs))
     ref = reference(first.config.model_dir)
@@ -100,6 +101,16 @@ def test_int8_groups_compile_to_onednn_int8_kernels(engine_factory):
     for r, res in zip(reqs, got):
         want = ref.scores(r.samples, r.labels)
         assert (torch.tensor(res.scores).argmax(-1) == want.argmax(-1)).float().mean() >= 0.5
+
+
+def _build_copies(package: str) -> list:
+    import zipfile
+    from pathlib import Path, PurePosixPath
+
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    names = [PurePosixPath(n).name for n in zipfile.ZipFile(package).namelist() if n.endswith(".so")]
+    assert names  # the package holds the model's shared object
+    return [f for n in names for f in Path(cache_dir()).glob(f"*/{n}")]
 
 
 def _status(engine) -> dict:
