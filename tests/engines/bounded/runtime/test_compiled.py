@@ -110,7 +110,8 @@ def _build_copies(package: str) -> list:
     from torch._inductor.runtime.cache_dir_utils import cache_dir
     names = [PurePosixPath(n).name for n in zipfile.ZipFile(package).namelist() if n.endswith(".so")]
     assert names  # the package holds the model's shared object
-    return [f for n in names for f in Path(cache_dir()).glob(f"*/{n}")]
+    # searched at any depth, not only where aot.drop_build_copies looks
+    return [f for n in names for f in Path(cache_dir()).rglob(n)]
 
 
 def _status(engine) -> dict:
