@@ -2,17 +2,18 @@
 business requests, describe, stop.
 
 The engine holds one Task per task kind it serves (tasks/prefill.py, tasks/beam.py).
-`submit` runs the task's request-scope nodes (tokenize + bounds) in a text thread, then hands
-the request to that task's batcher, which merges concurrent requests into one run of the
-task's batch-scope nodes in the model thread (shared by the tasks).
+`submit` hands the request to its task's batcher (tasks/batcher.py) in one hop: the task's
+model thread runs the request-scope nodes (check + tokenize), merges what is waiting into one
+run of the batch-scope nodes (work-conserving: an idle model starts at once), and answers.
+The tasks' threads share one lock: one model call at a time.
 """
 from __future__ import annotations
 
-import asyncio
 import dataclasses
+import functools
 import sys
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -108,8 +109,10 @@ class BoundedEngine(Engine):
             task.start(tokenizer)
             if self._judged(task):
                 self.gates[task.kind] = self._gate(task, tokenizer)
-        self._model_pool = ThreadPoolExecutor(1, thread_name_prefix="bounded-model")
-        self._text_pool = ThreadPoolExecutor(1, thread_name_prefix="bounded-text")
+        lock = threading.Lock()
+        self._batchers = {kind: Batcher(functools.partial(self._execute, task), task.usage,
+                                        self.options.max_wait_ms / 1000.0, task.prepare, lock, f"bounded-{kind}")
+                          for kind, task in self.tasks.items()}
         self._started = True
         self.start_s = time.perf_counter() - t0
 
@@ -134,11 +137,10 @@ class BoundedEngine(Engine):
     def stop(self) -> None:
         for batcher in self._batchers.values():
             batcher.close()
+        for batcher in self._batchers.values():
+            batcher.join()  # the running call ends
         self._batchers = {}
-        if self._started:
-            self._model_pool.shutdown(wait=True)
-            self._text_pool.shutdown(wait=True)
-            self._started = False
+        self._started = False
 
     def describe(self) -> dict[str, Any]:
         b = self.config.bounds
@@ -189,19 +191,7 @@ class BoundedEngine(Engine):
             raise RequestRejected(f"this engine was started for {', '.join(self.tasks)}, not {request.kind}")
         if not self._started:
             raise EngineError("bounded engine not started")
-        loop = asyncio.get_running_loop()
-        stages: dict[str, float] = {}
-        item = await loop.run_in_executor(self._text_pool, task.prepare, request, stages)
-        return await self._batcher(task).submit(item, stages)
-
-    def _batcher(self, task: Task) -> Batcher:
-        """The task's batcher on the running event loop (a new loop gets a new one)."""
-        loop = asyncio.get_running_loop()
-        b = self._batchers.get(task.kind)
-        if b is None or b.loop is not loop:
-            b = self._batchers[task.kind] = Batcher(lambda batch: self._execute(task, batch), self._model_pool,
-                                                    task.usage, self.options.max_wait_ms / 1000.0)
-        return b
+        return await self._batchers[task.kind].submit(request, {})
 
     def _execute(self, task: Task, batch: list[Pending]) -> list[Any]:
         """Model thread: one merged run; if it fails, each request alone, so only the culprit
@@ -214,12 +204,11 @@ class BoundedEngine(Engine):
             return [self._execute(task, [p])[0] for p in batch]
 
     def _run_batch(self, task: Task, batch: list[Pending]) -> list[Any]:
-        t0 = time.perf_counter()
         stages: dict[str, float] = {}
         results = task.run([p.item for p in batch], stages)
         self.stats["requests"] += len(batch)
         self.stats["batches"] += 1
         self.stats["largest_batch"] = max(self.stats["largest_batch"], len(batch))
         for p, result in zip(batch, results):
-            result.stages = {**p.stages, "queue": (t0 - p.enqueued) * 1000.0, **stages}
+            result.stages = {**p.stages, **stages}
         return results

@@ -1,28 +1,59 @@
-"""Cross-request batching: business requests wait (at most `max_wait_s` after the first one
-arrives) to be merged into one model call under the task's budget (its `Usage`: packed
-tokens, sequences and labels for scoring; requests with equal steps for beams). The call
-runs in a worker thread so the event loop stays responsive; each request gets its own
-outcome (a result or its own exception). A caller that gives up while queued costs
-nothing; closing the batcher fails every request it still holds, so none waits forever.
+"""Work-conserving cross-request batching, in one model thread per task.
+
+A business request goes from the caller's event loop to the task's model thread in one
+hand-off, and its answer comes back in one: the thread runs the request scope (check and
+tokenize: `prepare`, a bad request fails alone there), merges what is waiting into one call
+under the task's budget (its `Usage`: packed tokens, sequences and labels for scoring;
+requests with equal steps for beams), runs it and settles each caller's future.
+
+The policy is work-conserving: an idle model takes the first request at once, and the
+requests that arrive while a call runs are merged into the next call -- so batches grow with
+the load and a lone request never waits for company. `max_wait_s` (default 0) is an upper
+bound, for those who want fuller batches at the cost of latency: an idle model then holds a
+batch that still has room until that long after its first request, or until it is full.
+
+A caller that gives up while queued costs nothing; closing fails every request still held,
+so none waits forever. The engine's tasks share `model_lock`: one call at a time.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
+import threading
 import time
-from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 from engines.base import EngineError
 
 
 @dataclass
 class Pending:
-    item: Any  # the request-scope output of the task's DAG (e.g. prefill.ScoreItem, beam BeamJob)
+    item: Any  # the request, then the request scope's output (e.g. prefill.ScoreItem, a BeamJob)
     stages: dict[str, float]
     future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
     enqueued: float = field(default_factory=time.perf_counter)
+
+    def gone(self) -> bool:
+        """Did the caller give up (its future was cancelled)?"""
+        return self.future.done()
+
+    def settle(self, outcome: Any) -> None:
+        """Hand the outcome to the caller's loop (from any thread)."""
+        try:
+            self.loop.call_soon_threadsafe(_resolve, self.future, outcome)
+        except RuntimeError:  # the caller's loop is closed: nobody waits
+            pass
+
+
+def _resolve(future: asyncio.Future, outcome: Any) -> None:
+    if future.done():  # the caller gave up
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
 
 
 class Usage(Protocol):
@@ -32,94 +63,133 @@ class Usage(Protocol):
 
     def add(self, p: Pending) -> None: ...
 
+    def full(self) -> bool: ...  # nothing more can fit
+
 
 Execute = Callable[[list[Pending]], list[Any]]  # -> one result or exception per request
+Prepare = Callable[[Any, dict[str, float]], Any]  # request, its stage times -> the batched item
 
 
 class Batcher:
-    """Bound to the event loop it was created in."""
-
-    def __init__(self, execute: Execute, executor: Executor, usage: Callable[[], Usage], max_wait_s: float):
-        """`usage()` makes the empty tally of a new batch (the task's rule and budget)."""
-        self.execute, self.executor, self.usage, self.max_wait_s = execute, executor, usage, max_wait_s
-        self.loop = asyncio.get_running_loop()
-        self._queue: collections.deque[Pending] = collections.deque()
-        self._arrived = asyncio.Event()
-        self._batch: list[Pending] = []  # the batch being collected or in the executor
+    def __init__(self, execute: Execute, usage: Callable[[], Usage], max_wait_s: float = 0.0,
+                 prepare: Optional[Prepare] = None, model_lock: Optional[threading.Lock] = None,
+                 name: str = "bounded-model"):
+        """`usage()` makes the empty tally of a new batch (the task's rule and budget);
+        `prepare` is the request scope (None: requests are submitted prepared)."""
+        self.execute, self.usage, self.max_wait_s, self.prepare = execute, usage, max_wait_s, prepare
+        self.model_lock = model_lock or threading.Lock()
+        self._cond = threading.Condition()
+        self._arrived: collections.deque[Pending] = collections.deque()  # not yet prepared
+        self._ready: collections.deque[Pending] = collections.deque()  # prepared, waiting for a call
+        self._running: list[Pending] = []  # the call in the model now
         self._closed = False
-        self._task = self.loop.create_task(self._run())
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
 
-    async def submit(self, item: Any, stages: dict[str, float]) -> Any:
-        if self._closed:
-            raise EngineError("the engine is stopping; request not accepted")
-        p = Pending(item, stages, self.loop.create_future())
-        self._queue.append(p)
-        self._arrived.set()
+    async def submit(self, request: Any, stages: dict[str, float]) -> Any:
+        loop = asyncio.get_running_loop()
+        p = Pending(request, stages, loop.create_future(), loop)
+        with self._cond:
+            if self._closed:
+                raise EngineError("the engine is stopping; request not accepted")
+            self._arrived.append(p)
+            self._cond.notify()
         return await p.future
 
     def close(self) -> None:
-        """Stop batching (from any thread); requests not yet answered get an EngineError."""
-        self._closed = True
-        if not self.loop.is_closed():
-            self.loop.call_soon_threadsafe(self._task.cancel)
-
-    async def _run(self) -> None:
-        try:
-            while True:
-                await self._collect()
-                try:
-                    outcomes = await self.loop.run_in_executor(self.executor, self.execute, self._batch)
-                except Exception as e:  # the executor itself failed: every request learns why
-                    outcomes = [e] * len(self._batch)
-                self._settle(self._batch, outcomes)
-                self._batch = []
-        except asyncio.CancelledError:
+        """Stop batching (from any thread): every request not yet answered, the running
+        call's included, gets an EngineError now; the model thread ends after that call."""
+        with self._cond:
             self._closed = True
-            stopped = EngineError("the engine stopped before answering this request")
-            held = self._batch + list(self._queue)
-            self._settle(held, [stopped] * len(held))
-            self._queue.clear()
-            raise
+            _fail([*self._running, *list(self._ready), *self._arrived])  # the model thread clears them
+            self._arrived.clear()
+            self._cond.notify()
 
-    @staticmethod
-    def _settle(batch: list[Pending], outcomes: list[Any]) -> None:
-        for p, out in zip(batch, outcomes):
-            if p.future.done():  # the caller gave up
-                continue
-            if isinstance(out, BaseException):
-                p.future.set_exception(out)
-            else:
-                p.future.set_result(out)
+    def join(self, timeout: Optional[float] = None) -> None:
+        """Wait for the model thread to end (after `close`: the running call finishes)."""
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
 
-    async def _collect(self) -> None:
-        """Fill `self._batch` (held there, so that closing meanwhile fails it too)."""
-        first = await self._next(None)
-        usage, self._batch = self.usage(), [first]
-        usage.add(first)
-        deadline = self.loop.time() + self.max_wait_s
+    # --- the model thread -------------------------------------------------------------------
+
+    def _serve(self) -> None:
         while True:
-            nxt = await self._next(deadline)
-            if nxt is None:
+            batch = self._collect()
+            if batch is None:
                 return
-            if not usage.fits(nxt):
-                self._queue.appendleft(nxt)  # first of the next batch
-                return
-            usage.add(nxt)
-            self._batch.append(nxt)
+            self._running = batch
+            t0 = time.perf_counter()
+            for p in batch:
+                p.stages["queue"] = (t0 - p.enqueued) * 1000.0 - p.stages.get("tokenize", 0.0)
+            try:
+                with self.model_lock:
+                    outcomes = self.execute(batch)
+            except Exception as e:  # the executor itself failed: every request learns why
+                outcomes = [e] * len(batch)
+            for p, out in zip(batch, outcomes):
+                p.settle(out)
+            self._running = []
 
-    async def _next(self, deadline: float | None) -> Pending | None:
-        """The next queued request whose caller still waits, waiting until `deadline` (loop
-        time; None: forever)."""
+    def _collect(self) -> Optional[list[Pending]]:
+        """The next batch: at once when anything is ready (what arrived during the last call
+        included); with max_wait_s, held while it has room, at most that long. None: closed."""
+        usage, batch, deadline = self.usage(), [], None
         while True:
-            while not self._queue:
-                timeout = None if deadline is None else deadline - self.loop.time()
-                if timeout is not None and timeout <= 0:
+            with self._cond:
+                while not (self._arrived or self._closed or self._ready and not batch) \
+                        and (not batch or deadline is not None):
+                    timeout = None if deadline is None else deadline - time.perf_counter()
+                    if timeout is not None and timeout <= 0:
+                        break
+                    self._cond.wait(timeout)
+                if self._closed:
+                    self._fail_held(batch)
                     return None
+                arrived = list(self._arrived)
                 self._arrived.clear()
+            self._prepare(arrived)
+            full = self._fill(usage, batch)
+            if batch and (full or deadline is None and self.max_wait_s <= 0
+                          or deadline is not None and time.perf_counter() >= deadline):
+                return batch
+            if batch and deadline is None:
+                deadline = batch[0].enqueued + self.max_wait_s
+
+    def _prepare(self, arrived: list[Pending]) -> None:
+        """The request scope of each new request; a bad one is answered here, alone."""
+        for p in arrived:
+            if p.gone():
+                continue
+            if self.prepare is not None:
                 try:
-                    await asyncio.wait_for(self._arrived.wait(), timeout)
-                except asyncio.TimeoutError:
-                    return None
-            p = self._queue.popleft()
-            if not p.future.done():  # a caller that gave up while queued never reaches the model
-                return p
+                    p.item = self.prepare(p.item, p.stages)
+                except Exception as e:
+                    p.settle(e)
+                    continue
+            self._ready.append(p)
+
+    def _fill(self, usage: Usage, batch: list[Pending]) -> bool:
+        """Move ready requests into `batch` in arrival order while they fit; -> full (the
+        next one does not fit)."""
+        while self._ready:
+            p = self._ready[0]
+            if p.gone():
+                self._ready.popleft()
+                continue
+            if batch and not usage.fits(p):
+                return True
+            usage.add(self._ready.popleft())
+            batch.append(p)
+        return usage.full()
+
+    def _fail_held(self, batch: list[Pending]) -> None:
+        """(model thread, holding the lock) `batch` and every request still held fail."""
+        _fail([*batch, *self._ready, *self._arrived])
+        self._ready.clear()
+        self._arrived.clear()
+
+
+def _fail(held: list[Pending]) -> None:
+    stopped = EngineError("the engine stopped before answering this request")
+    for p in held:
+        p.settle(stopped)

@@ -40,6 +40,9 @@ class BeamUsage:
     def add(self, p: Pending) -> None:
         self.steps, self.requests = p.item.steps, self.requests + 1
 
+    def full(self) -> bool:
+        return self.requests >= self.plan.max_requests
+
 
 class BeamTask(Task):
     kind = BEAM_SEARCH
@@ -61,7 +64,8 @@ class BeamTask(Task):
     def create(cls, config: EngineConfig, policy: PrecisionPolicy, plan: Plan, options: BoundedOptions,
                log: Callable[[str], None]) -> "BeamTask":
         runtime = BeamRuntime(config.model_dir, policy, config.device, plan.beam, eos_ids(config.model_dir),
-                              options.compile, log, options.prefill_attention, options.cuda_graphs)
+                              options.compile, log, options.prefill_attention, options.cuda_graphs,
+                              kernel_profile=options.kernel_profile)
         return cls(runtime, config.bounds, plan.beam)
 
     def start(self, tokenizer: Any, warm_up: bool = True) -> None:

@@ -69,6 +69,9 @@ class PrefillUsage:
         self.tokens += sum(map(len, p.item.seqs))
         self.labels |= set(p.item.label_ids)
 
+    def full(self) -> bool:
+        return self.seqs >= self.budget.max_seqs or self.tokens >= self.budget.max_tokens
+
 
 class PrefillTask(Task):
     kind = PREFILL_ONLY
@@ -88,7 +91,7 @@ class PrefillTask(Task):
     def create(cls, config: EngineConfig, policy: PrecisionPolicy, plan: Plan, options: BoundedOptions,
                log: Callable[[str], None]) -> "PrefillTask":
         runtime = PrefillRuntime(config.model_dir, policy, config.device, plan.prefill, options.compile, log,
-                                 options.prefill_attention)
+                                 options.prefill_attention, options.kernel_profile)
         return cls(runtime, config.bounds, plan.prefill, options.share_query)
 
     def describe(self) -> dict:
@@ -157,7 +160,8 @@ class PrefillTask(Task):
         return self.runtime.run(batch.packed, batch.label_union)  # [S, N_union]
 
     def score(self, logits: Tensor, batch: ScoreBatch) -> list[Tensor]:
-        return [torch.softmax(logits[a:b][:, cols], dim=-1) for (a, b), cols in zip(batch.rows, batch.cols)]
+        with torch.profiler.record_function("bounded::select"):
+            return [torch.softmax(logits[a:b][:, cols], dim=-1) for (a, b), cols in zip(batch.rows, batch.cols)]
 
     def format(self, items: list[ScoreItem], probs: list[Tensor]) -> list[PrefillResult]:
         return [PrefillResult(it.id, p.tolist()) for it, p in zip(items, probs)]

@@ -190,7 +190,7 @@ def test_stages_and_beam_rejection(tiny_engine):
         asyncio.run(tiny_engine.submit(BeamRequest("b", [1, 2], beam_width=4, decode_steps=2)))
     d = tiny_engine.describe()
     assert d["name"] == "bounded" and d["prefill_only"]["status"]["compile"] == "eager" and d["dtype"] == "float32"
-    assert d["bounds"]["max_prompt_tokens"] == 60 and d["batching"]["max_wait_ms"] == 2.0
+    assert d["bounds"]["max_prompt_tokens"] == 60 and d["batching"]["max_wait_ms"] == 0.0
     assert d["serves"] == ["prefill_only"] and d["prefill_only"]["dag"] == {
         "request": ["tokenize"], "batch": ["pack", "prefill", "score", "format"]}
 

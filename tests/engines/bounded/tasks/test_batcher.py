@@ -1,10 +1,11 @@
-"""The batcher: merging under a task's budget, per-request outcomes, callers that give up,
-closing, and the beam rule (requests with different decode steps never share a run)."""
+"""The batcher: the work-conserving policy (an idle model starts at once, a busy one
+coalesces what arrives meanwhile), merging under a task's budget, per-request outcomes, the
+request scope run in the model thread, callers that give up, closing, and the beam rule
+(requests with different decode steps never share a run)."""
 from __future__ import annotations
 
 import asyncio
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -29,7 +30,7 @@ def test_batcher_merges_within_budget_and_isolates_outcomes():
 
     async def main():
         budget = PrefillPlan(max_tokens=40, max_seqs=8, max_len=40, max_labels=3)
-        b = Batcher(execute, ThreadPoolExecutor(1), lambda: PrefillUsage(budget), max_wait_s=0.05)
+        b = Batcher(execute, lambda: PrefillUsage(budget), max_wait_s=0.05)
         items = [_item(2, 10), _item(2, 10), _item(1, 5, id="bad"),
                  _item(1, 10, labels=(7, 8))]  # 4th: label union would be 4 > 3
         out = await asyncio.gather(*(b.submit(s, {}) for s in items), return_exceptions=True)
@@ -58,7 +59,7 @@ def test_a_caller_that_gives_up_while_queued_never_reaches_the_model():
     execute, gate = _gated(seen)
 
     async def main():
-        b = Batcher(execute, ThreadPoolExecutor(1), lambda: PrefillUsage(PrefillPlan(100, 1, 100, 8)), 0.0)
+        b = Batcher(execute, lambda: PrefillUsage(PrefillPlan(100, 1, 100, 8)), 0.0)
         first = asyncio.ensure_future(b.submit(_item(1, 5, id="first"), {}))
         await asyncio.sleep(0.05)  # "first" is in the model now; the next two queue
         gone = asyncio.ensure_future(b.submit(_item(1, 5, id="gone"), {}))
@@ -80,7 +81,7 @@ def test_a_caller_that_gives_up_during_the_run_leaves_the_others_their_results()
     execute, gate = _gated(seen)
 
     async def main():
-        b = Batcher(execute, ThreadPoolExecutor(1), lambda: PrefillUsage(PrefillPlan(100, 8, 100, 8)), 0.02)
+        b = Batcher(execute, lambda: PrefillUsage(PrefillPlan(100, 8, 100, 8)), 0.02)
         futs = [asyncio.ensure_future(b.submit(_item(1, 5, id=i), {})) for i in "abc"]
         await asyncio.sleep(0.1)  # all three in one run, which waits for the gate
         futs[1].cancel()
@@ -98,7 +99,7 @@ def test_close_fails_what_it_holds_and_refuses_more():
     execute, gate = _gated(seen)
 
     async def main():
-        b = Batcher(execute, ThreadPoolExecutor(1), lambda: PrefillUsage(PrefillPlan(100, 1, 100, 8)), 0.0)
+        b = Batcher(execute, lambda: PrefillUsage(PrefillPlan(100, 1, 100, 8)), 0.0)
         running = asyncio.ensure_future(b.submit(_item(1, 5, id="running"), {}))
         await asyncio.sleep(0.05)
         queued = asyncio.ensure_future(b.submit(_item(1, 5, id="queued"), {}))
@@ -123,7 +124,7 @@ def test_beams_with_different_decode_steps_never_share_a_run():
         return [p.item.id for p in batch]
 
     async def main():
-        b = Batcher(execute, ThreadPoolExecutor(1), lambda: BeamUsage(BeamPlan(2, 8, 4, 16)), 0.05)
+        b = Batcher(execute, lambda: BeamUsage(BeamPlan(2, 8, 4, 16)), 0.05)
         jobs = [BeamJob([1], 8, steps, id=f"r{i}") for i, steps in enumerate((2, 2, 2, 3, 2))]
         out = await asyncio.gather(*(b.submit(j, {}) for j in jobs))
         b.close()
@@ -132,3 +133,78 @@ def test_beams_with_different_decode_steps_never_share_a_run():
     assert asyncio.run(main()) == ["r0", "r1", "r2", "r3", "r4"]
     # at most 2 requests per run (the plan), equal steps within a run, arrival order kept
     assert seen == [[("r0", 2), ("r1", 2)], [("r2", 2)], [("r3", 3)], [("r4", 2)]]
+
+
+def _started_gate(seen):
+    """An execute that records each batch's ids, says when a run started, and waits for `gate`."""
+    started, gate = threading.Event(), threading.Event()
+
+    def execute(batch):
+        seen.append([p.item.id for p in batch])
+        started.set()
+        gate.wait(5)
+        return [p.item.id for p in batch]
+    return execute, started, gate
+
+
+def test_an_idle_model_starts_at_once_and_a_busy_one_coalesces():
+    seen = []
+    execute, started, gate = _started_gate(seen)
+
+    async def main():
+        b = Batcher(execute, lambda: PrefillUsage(PrefillPlan(100, 8, 100, 8)))  # max_wait 0: the default
+        first = asyncio.ensure_future(b.submit(_item(1, 5, id="a"), {}))
+        # "a" reaches the model alone, with nobody else queued: nothing holds it for company
+        await asyncio.get_running_loop().run_in_executor(None, started.wait, 5)
+        later = [asyncio.ensure_future(b.submit(_item(1, 5, id=i), {})) for i in "bcd"]
+        await asyncio.sleep(0.05)  # b, c, d queue while "a" runs
+        gate.set()
+        out = await asyncio.gather(first, *later)
+        b.close()
+        return out
+
+    assert asyncio.run(main()) == ["a", "b", "c", "d"]
+    assert seen == [["a"], ["b", "c", "d"]]
+
+
+def test_max_wait_is_an_upper_bound_a_full_batch_leaves_at_once():
+    seen = []
+
+    def execute(batch):
+        seen.append([p.item.id for p in batch])
+        return [p.item.id for p in batch]
+
+    async def main():
+        # room for two requests of 10 tokens; an hour's wait would hold a batch with room
+        b = Batcher(execute, lambda: PrefillUsage(PrefillPlan(20, 8, 20, 8)), max_wait_s=3600.0)
+        out = await asyncio.wait_for(asyncio.gather(*(b.submit(_item(1, 10, id=i), {}) for i in "ab")), 30)
+        b.close()
+        return out
+
+    assert asyncio.run(main()) == ["a", "b"] and seen == [["a", "b"]]
+
+
+def test_the_request_scope_runs_in_the_model_thread_and_a_bad_request_fails_alone():
+    seen, threads = [], set()
+
+    def prepare(request, stages):
+        threads.add(threading.current_thread().name)
+        if request == "bad":
+            raise ValueError("bad request")
+        stages["tokenize"] = 0.0
+        return _item(1, 5, id=request)
+
+    def execute(batch):
+        threads.add(threading.current_thread().name)
+        seen.append([p.item.id for p in batch])
+        return [p.item.id for p in batch]
+
+    async def main():
+        b = Batcher(execute, lambda: PrefillUsage(PrefillPlan(100, 8, 100, 8)), prepare=prepare, name="model-x")
+        out = await asyncio.gather(*(b.submit(r, {}) for r in ("a", "bad", "c")), return_exceptions=True)
+        b.close()
+        return out
+
+    a, bad, c = asyncio.run(main())
+    assert (a, c) == ("a", "c") and isinstance(bad, ValueError)
+    assert threads == {"model-x"} and sorted(i for ids in seen for i in ids) == ["a", "c"]
