@@ -346,6 +346,11 @@ class RequestChecker:
     def _encode_texts(self, texts: list[str]) -> list[list[int] | None]:
         if self.tokenizer is None or not texts:
             return [None] * len(texts)  # no tokenizer: the length of text is unknown
+        # a fast tokenizer's own encoder: no wrapper cost, and one text at a time on this thread
+        # (the batch call's worker threads fight the model's for a few short texts)
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None and hasattr(backend, "encode"):
+            return [backend.encode(text, add_special_tokens=False).ids for text in texts]
         return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
     def _fit(self, seq: list[int], where: str, cap: int, extra: int = 0,

@@ -11,10 +11,12 @@ decode step's inputs.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
 import math
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -82,39 +84,41 @@ class PackBuffers:
                              f"{reach} is outside the planned buffers ({self.max_seqs} sequences, "
                              f"{self.max_tokens} tokens, {self.max_len} per sequence, {self.max_positions} "
                              "positions, none empty)")
-        meta = _index_arrays(torch.tensor(lengths), torch.tensor(prefix))
-        meta["tokens"] = torch.tensor([t for s in seqs for t in s], dtype=torch.int64)
-        meta["prefix"] = torch.tensor(prefix, dtype=torch.int64)
+        meta = _index_arrays(np.array(lengths, dtype=np.int64), np.array(prefix, dtype=np.int64))
+        meta["tokens"] = np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int64, count=total)
+        meta["prefix"] = np.array(prefix, dtype=np.int64)
         st = self.staging
         st.begin()
         views = {}
         for name in ("tokens", "positions", "unpad_index", "last_index", "pad_index", "cu_seqlens", "prefix"):
-            host, views[name] = st.reserve(meta[name].numel())
-            host.copy_(meta[name].reshape(-1))
+            host, views[name] = st.reserve(meta[name].size)
+            host.numpy()[:] = meta[name].reshape(-1)  # numpy: a few small arrays cost microseconds, not torch ops
         st.flush()
-        spans = tuple((e - l, e) for e, l in zip(meta["cu_seqlens"][1:].tolist(), lengths))
+        ends = meta["cu_seqlens"][1:].tolist()
+        spans = tuple((e - l, e) for e, l in zip(ends, lengths))
         tokens, positions, unpad, last, pad, cu, pre = views.values()
         return PackedBatch(tokens, positions, pad.view(n, reach), unpad, last, spans, cu, pre)
 
 
-def _index_arrays(lengths: Tensor, prefix: Tensor) -> dict[str, Tensor]:
-    # lengths, prefix: [S] -> the index tensors of a PackedBatch (host side, int64). A
+def _index_arrays(lengths: np.ndarray, prefix: np.ndarray) -> dict[str, np.ndarray]:
+    # lengths, prefix: [S] -> the index arrays of a PackedBatch (host side, int64). A
     # sequence with a prefix continues it: its positions follow the prefix's, and its row of
     # the padded view is the concatenation prefix + own tokens (the prefix's K/V gathered,
     # not recomputed), so the padded attention's causal mask is the concatenation's.
-    ends = lengths.cumsum(0)
+    ends = lengths.cumsum()
     starts = ends - lengths
     has = prefix >= 0
-    offset = torch.where(has, lengths[prefix.clamp(min=0)], 0)  # [S] prefix length before each
-    head = torch.where(has, starts[prefix.clamp(min=0)], 0)  # [S] the prefix's first row
-    seq_of_token = torch.repeat_interleave(torch.arange(len(lengths)), lengths)  # [T]
-    within = torch.arange(int(ends[-1])) - starts[seq_of_token]  # [T] index within the own tokens
+    source = np.maximum(prefix, 0)
+    offset = np.where(has, lengths[source], 0)  # [S] prefix length before each
+    head = np.where(has, starts[source], 0)  # [S] the prefix's first row
+    seq_of_token = np.repeat(np.arange(len(lengths)), lengths)  # [T]
+    within = np.arange(int(ends[-1])) - starts[seq_of_token]  # [T] index within the own tokens
     longest = int((offset + lengths).max())  # L: the longest concatenation
-    cols = torch.arange(longest)[None, :]  # [1, L]
-    own = starts[:, None] + torch.minimum((cols - offset[:, None]).clamp(min=0), lengths[:, None] - 1)
-    pad_index = torch.where(cols < offset[:, None], head[:, None] + cols, own)  # [S, L]; past the end: the last row
+    cols = np.arange(longest)[None, :]  # [1, L]
+    own = starts[:, None] + np.minimum(np.maximum(cols - offset[:, None], 0), lengths[:, None] - 1)
+    pad_index = np.where(cols < offset[:, None], head[:, None] + cols, own)  # [S, L]; past the end: the last row
     return {
-        "cu_seqlens": torch.cat([starts, ends[-1:]]),
+        "cu_seqlens": np.concatenate([starts, ends[-1:]]),
         "positions": within + offset[seq_of_token],
         "pad_index": pad_index,
         "unpad_index": seq_of_token * longest + offset[seq_of_token] + within,
