@@ -1,8 +1,9 @@
 """Kernel-by-kernel profile of the bounded engine's beam search, AOT packages included.
 
-The packages are compiled with Inductor's `cpp.enable_kernel_profile` (so each generated
-kernel and extern call shows up in torch.profiler) into their own cache (--cache, default
-/tmp/bounded-profile-cache: they never mix with the served ones). Requests run on the
+The packages are compiled with Inductor's `cpp.enable_kernel_profile` (engine option
+kernel_profile: each generated kernel and extern call shows up in torch.profiler) into their
+own cache (--cache, default /tmp/bounded-profile-cache). `bench profile` gives the same
+breakdown by class for any scenario. Requests run on the
 calling thread (the task's batch scope, as the engine's model thread runs it), two warm-up
 requests first.
 
@@ -37,12 +38,10 @@ def main() -> None:
 
     from engines.base import Bounds, EngineConfig
     from engines.bounded.engine import BoundedEngine
-    from engines.bounded.runtime import compiled
     from engines.bounded.runtime.beam_batch import BeamJob
     from harness.presets import resolve_model
 
-    compiled.INDUCTOR_CONFIGS["cpp.enable_kernel_profile"] = True  # part of the packages' key
-    options = {"compile": "aot"}
+    options = {"compile": "aot", "kernel_profile": True}  # its own packages: part of their key
     if args.int8:
         options.update(int8=args.int8.split(","), gate="accept")
     bounds = Bounds(max_samples_per_request=1, max_prompt_tokens=args.max_prompt,

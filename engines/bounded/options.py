@@ -26,7 +26,7 @@ class OptionError(ValueError):
 @dataclass(frozen=True)
 class BoundedOptions:
     compile: str = "aot"  # "aot" (AOTInductor, cached) or "eager"
-    max_wait_ms: float = 2.0  # how long a batch waits for more requests after its first
+    max_wait_ms: float = 0.0  # 0: work-conserving (an idle model starts at once); > 0: hold a batch with room up to this long
     max_batch_tokens: int = 0  # packed tokens per call; 0: one full-bounds request
     max_batch_seqs: int = 0  # samples per call; 0: 8 x max_samples_per_request
     max_labels: int = 64  # distinct label ids per call
@@ -39,6 +39,7 @@ class BoundedOptions:
     cuda_graphs: bool = True  # on a GPU: capture the beam decode steps as CUDA graphs at start
     gate: str = "refuse"  # the accuracy gate's mode: GATE_MODES
     share_query: bool = True  # a query request: prefill the query once, its items share its K/V
+    kernel_profile: bool = False  # compile the packages with each kernel visible to torch.profiler (bench profile)
 
     def gemm_kinds(self) -> dict[str, str]:
         """{group: GEMM kind} of the groups these options lower (the rest stay dense)."""
@@ -68,7 +69,7 @@ class BoundedOptions:
                     values[name] = _whole(name, values[name], cap)
             if "max_wait_ms" in values:
                 values["max_wait_ms"] = _milliseconds(values["max_wait_ms"])
-            for name in ("cuda_graphs", "share_query"):
+            for name in ("cuda_graphs", "share_query", "kernel_profile"):
                 if name in values:
                     values[name] = _flag(values[name])
         except (TypeError, ValueError) as e:

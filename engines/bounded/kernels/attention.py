@@ -15,6 +15,11 @@
   It shares a query the same way through the indices alone: an item's padded row is its
   query's rows then its own (runtime/buffers.py), so the query's K/V are gathered, not
   recomputed, and the causal mask is that of the concatenation.
+- "dense" (CPU, short sequences): `packed_attention_dense`, the same padded view with the
+  attention written out -- float32 scores of a batched matmul, a causal bias, softmax, a
+  batched matmul -- which Inductor compiles into two GEMMs and one fused softmax: on
+  sequences of a few dozen tokens the CPU's flash kernel costs ~0.5 ms a call in set-up
+  alone (the tiny model's 15 samples of 16-32 tokens: 0.5 ms vs ~0.05 ms a layer).
 
 Shapes: T packed tokens, S sequences, L the longest sequence (with its prefix) of a batch,
 Hq query heads, Hkv K/V heads, D head dim.
@@ -32,7 +37,7 @@ from torch import Tensor
 
 from engines.bounded.kernels.query_attention import Span, Unit, attend_items, attention_units, head_rows
 
-ATTENTIONS = ("per_sequence", "padded")
+ATTENTIONS = ("per_sequence", "padded", "dense")
 
 
 # On a CPU the padded flash kernel beats the per-sequence op where a batch holds few
@@ -41,14 +46,21 @@ ATTENTIONS = ("per_sequence", "padded")
 # call dominates short sequences), and loses where many sequences of unequal lengths pad a
 # lot (15 x 48-160 tokens: 33.2 vs 26.6 ms).
 FEW_SEQUENCES = 8
+# Where every sequence is short, however many, the dense form (a padded view, attention
+# written out): padding a sequence to at most 64 tokens wastes little, while the per-sequence
+# op's host work and the flash kernel's set-up are most of a short sequence's cost.
+SHORT_SEQUENCES = 64
 
 
-def attention_for(device: torch.device, max_sequences: Optional[int] = None) -> str:
+def attention_for(device: torch.device, max_sequences: Optional[int] = None, max_len: Optional[int] = None) -> str:
     """The prefill attention a device runs best for batches of up to `max_sequences`
-    sequences (None: many): padded on a GPU; on a CPU padded for a few sequences (the beam
-    prefill's prompts), per sequence otherwise (prefill scoring's samples)."""
+    sequences (None: many) of up to `max_len` tokens (None: long): padded on a GPU; on a CPU
+    dense for short sequences, padded for a few long ones (the beam prefill's prompts), per
+    sequence otherwise (prefill scoring's long samples)."""
     if torch.device(device).type != "cpu":
         return "padded"
+    if max_len is not None and max_len <= SHORT_SEQUENCES:
+        return "dense"
     return "padded" if max_sequences is not None and max_sequences <= FEW_SEQUENCES else "per_sequence"
 
 
@@ -58,6 +70,8 @@ def packed_attention(kind: str, cu_seqlens: Tensor, pad_index: Tensor, unpad_ind
     `prefix`: each sequence's prefix, -1 for none (the padded kind reads it from its indices)."""
     if kind == "padded":
         return lambda q, k, v: packed_attention_padded(q, k, v, pad_index, unpad_index)
+    if kind == "dense":
+        return lambda q, k, v: packed_attention_dense(q, k, v, pad_index, unpad_index)
     if kind == "per_sequence":
         return lambda q, k, v: varlen_attention(q, k, v, cu_seqlens, prefix)
     raise ValueError(f"attention {kind!r}; choose one of {', '.join(ATTENTIONS)}")
@@ -80,6 +94,24 @@ def packed_attention_padded(q: Tensor, k: Tensor, v: Tensor, pad_index: Tensor,
     o = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, enable_gqa=True)
     o = o.transpose(1, 2).reshape(s * l, -1)  # [S*L, Hq*D]
     return o[unpad_index]
+
+
+def packed_attention_dense(q: Tensor, k: Tensor, v: Tensor, pad_index: Tensor, unpad_index: Tensor) -> Tensor:
+    """`packed_attention_padded` written out (no flash kernel): q [T, Hq, D], k/v [T, Hkv, D]
+    -> [T, Hq*D]. The g query heads of a K/V head are stacked (no K/V repeat); scores and
+    softmax in float32, as the per-sequence op computes them."""
+    s, l = pad_index.shape
+    hkv, d = k.shape[1], k.shape[2]
+    g = q.shape[1] // hkv
+    qp = q[pad_index].view(s, l, hkv, g, d).permute(0, 2, 3, 1, 4)  # [S, Hkv, g, L, D]
+    kp = k[pad_index].permute(0, 2, 3, 1)[:, :, None]  # [S, Hkv, 1, D, L]
+    vp = v[pad_index].transpose(1, 2)[:, :, None]  # [S, Hkv, 1, L, D]
+    scores = torch.matmul(qp.float(), kp.float()) * d ** -0.5  # [S, Hkv, g, L, L]
+    pos = torch.arange(l, device=q.device)
+    causal = torch.where(pos[None, :] <= pos[:, None], 0.0, float("-inf"))  # [L, L]
+    p = torch.softmax(scores + causal, dim=-1).to(v.dtype)
+    o = torch.matmul(p, vp).permute(0, 3, 1, 2, 4)  # [S, L, Hkv, g, D]
+    return o.reshape(s * l, -1)[unpad_index]
 
 
 def varlen_attention_cpu(q: Tensor, k: Tensor, v: Tensor, spans: list[tuple[int, int]],

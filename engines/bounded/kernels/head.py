@@ -1,5 +1,12 @@
 """The full-vocabulary head of a beam step: logits into planned buffers (prepacked for
 oneDNN where that is faster), log-softmax, banned tokens. Shapes: B rows, V vocabulary.
+
+Two tails after the GEMM. `head_log_probs` writes every row's float32 log-probabilities (the
+float32 plan: bit for bit transformers' `log_softmax(logits.float())`). `logit_summary` is
+the low-precision plans' on a CPU: two passes over the bf16 logits (banned ids set to -inf
+first) for the maximum of each block of `BLOCK` tokens and each row's log-sum-exp, and no
+float32 copy: the choice of beams (kernels/select.py) needs only those to find the blocks
+that hold the best continuations, and then reads those blocks' logits alone.
 """
 from __future__ import annotations
 
@@ -54,6 +61,68 @@ def log_probs_of(logits: Tensor, banned: Tensor, logp: Tensor) -> Tensor:
     """float32 logits [B, V] -> log-probabilities in `logp` (may be `logits`), banned ids -inf."""
     torch.ops.aten._log_softmax.out(logits, -1, False, out=logp)
     return logp.index_fill_(-1, banned, -math.inf)
+
+
+BLOCK = 128  # tokens per block of the summary (the presets' 151,936 is 1,187 blocks)
+
+
+def block_size(vocab: int) -> int:
+    return math.gcd(vocab, BLOCK)
+
+
+def ban_logits(logits: Tensor, banned: Tensor) -> Tensor:
+    """Set the banned ids' logits [B, V] to -inf in place; -> their former values [B, E]
+    float32 (the log-sum-exp still counts them: log_softmax normalises before the ban)."""
+    former = logits.index_select(1, banned).float()
+    logits.index_fill_(1, banned, -math.inf)
+    return former
+
+
+def logit_summary(logits: Tensor, banned: Tensor, blk: int) -> tuple[Tensor, Tensor]:
+    """logits [B, V] with the banned ids at -inf (ban_logits), banned [B, E] their former
+    values -> (lse [B] float32: each row's log-sum-exp over every token, the banned ones
+    included; block_max [B, V/blk] float32: the largest logit of each block). Plain tensor
+    ops: compiled (programs/beam.BeamHeadTail) they fuse into two passes over the bf16
+    logits (block maxima, then exp-sums against the row maximum taken from them)."""
+    block_max = logits.view(logits.shape[0], -1, blk).float().amax(-1)
+    m = block_max.amax(-1, keepdim=True)  # [B, 1]
+    lse = (logits.float() - m).exp().sum(-1).log() + m.squeeze(-1)
+    return torch.logaddexp(lse, torch.logsumexp(banned, -1)), block_max
+
+
+@dataclass(frozen=True)
+class LogitRows:
+    """A head's output for the choice of beams without float32 log-probabilities:
+    log p(t | row) = float(logits[row, t]) - lse[row] (so a block's best is exactly its
+    block_max's). Shapes [R, W, ...]: R requests, W rows."""
+
+    logits: Tensor  # [R, W, V] the GEMM's output dtype, banned ids at -inf
+    lse: Tensor  # [R, W] float32
+    block_max: Tensor  # [R, W, V/blk] float32
+    blk: int
+
+    def view(self, r: int, w: int) -> "LogitRows":
+        return LogitRows(self.logits.view(r, w, -1), self.lse.view(r, w), self.block_max.view(r, w, -1), self.blk)
+
+    def requests(self, index: Tensor | slice | int) -> "LogitRows":
+        return LogitRows(self.logits[index], self.lse[index], self.block_max[index], self.blk)
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.logits.shape
+
+    @property
+    def device(self) -> torch.device:
+        return self.logits.device
+
+    def log_probs(self) -> Tensor:
+        """[..., V] float32 log-probabilities, materialised (a constrained request's rows)."""
+        return self.logits.float() - self.lse[..., None]
+
+    def at(self, row: Tensor, token: Tensor) -> Tensor:
+        """log p of (row, token) pairs: row/token [R, n] (rows within each request) -> [R, n]."""
+        r, w, v = self.logits.shape
+        return self.logits.reshape(r, w * v).gather(1, row * v + token).float() - self.lse.gather(1, row)
 
 
 @dataclass(frozen=True)

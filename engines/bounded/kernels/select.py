@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from engines.bounded.kernels.constraints import ItemTrie
+from engines.bounded.kernels.head import LogitRows
 
 
 def top_continuations(logp: Tensor, cum: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -40,6 +41,31 @@ def top_continuations(logp: Tensor, cum: Tensor, k: int) -> tuple[Tensor, Tensor
     scores, pick = torch.topk(cand.view(r, -1), min(k, nblocks * blk), dim=-1)
     index = flat.view(r, -1).gather(1, pick)  # b * V + t
     return scores, index // v, index % v
+
+
+def top_continuations_of_logits(rows: LogitRows, cum: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """`top_continuations` from a head's LogitRows (no float32 log-probabilities): the same
+    two stages, the blocks ranked by cum + (block_max - lse), then the chosen blocks' logits
+    scored cum + (logit - lse). Both are that expression of a float32 value, which is
+    monotone in it, so a block's best continuation scores exactly its block score."""
+    r, w, v = rows.shape
+    blk = rows.blk
+    nb = v // blk
+    nblocks = min(w * nb, k)
+    block_score = cum[:, :, None] + (rows.block_max - rows.lse[:, :, None])  # [R, W, V/blk]
+    _, top_blocks = torch.topk(block_score.view(r, w * nb), nblocks, dim=-1)  # [R, nblocks]
+    parent = top_blocks // nb
+    token = ((top_blocks % nb) * blk)[:, :, None] + torch.arange(blk, device=cum.device)  # [R, nblocks, blk]
+    parent_rows = parent[:, :, None].expand_as(token).reshape(r, -1)
+    cand = cum.gather(1, parent_rows) + rows.at(parent_rows, token.reshape(r, -1))  # [R, nblocks*blk]
+    scores, pick = torch.topk(cand, min(k, nblocks * blk), dim=-1)
+    return scores, parent_rows.gather(1, pick), token.reshape(r, -1).gather(1, pick)
+
+
+def _top(logp: Tensor | LogitRows, cum: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    if isinstance(logp, LogitRows):
+        return top_continuations_of_logits(logp, cum, k)
+    return top_continuations(logp, cum, k)
 
 
 def constrained_continuations(trie: ItemTrie, logp: Tensor, cum: Tensor, nodes: Tensor, w: int,
@@ -82,27 +108,30 @@ def prepare_choice(tries: Sequence[Optional[ItemTrie]], widths: Sequence[int], w
     return Choice(w, index, len(free), tuple((i, t) for i, t in enumerate(tries) if t is not None), past)
 
 
-def next_beams(logp: Tensor, cum: Tensor, nodes: Tensor, choice: Choice,
+def next_beams(logp: Tensor | LogitRows, cum: Tensor, nodes: Tensor, choice: Choice,
                depth: Optional[int] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The next [R, W] beams of R requests: logp [R, w_in, V], cum/nodes [R, w_in] (nodes at
+    """The next [R, W] beams of R requests: logp [R, w_in, V] (log-probabilities, or the
+    head's LogitRows), cum/nodes [R, w_in] (nodes at
     `depth` of the tries); a free request takes the best of all its continuations, a
     constrained one only continuations on its trie, each keeps its own width.
     -> scores (-inf: dead or padding row), parent rows, tokens, trie nodes: [R, W] each."""
     r, w, device = logp.shape[0], choice.width, logp.device
     k = min(w, logp.shape[1] * logp.shape[2])
     if choice.num_free == r and k == w:  # the common case: the top-k is the whole answer
-        scores, parents, tokens = top_continuations(logp, cum, k)
+        scores, parents, tokens = _top(logp, cum, k)
         new_nodes = torch.zeros(r, w, dtype=torch.int64, device=device)
     else:
         scores = torch.full((r, w), -math.inf, device=device)
         parents, tokens, new_nodes = (torch.zeros(r, w, dtype=torch.int64, device=device) for _ in range(3))
         if choice.num_free == r:
-            scores[:, :k], parents[:, :k], tokens[:, :k] = top_continuations(logp, cum, k)
+            scores[:, :k], parents[:, :k], tokens[:, :k] = _top(logp, cum, k)
         elif choice.num_free:
             idx = choice.free
-            scores[idx, :k], parents[idx, :k], tokens[idx, :k] = top_continuations(logp[idx], cum[idx], k)
+            free = logp.requests(idx) if isinstance(logp, LogitRows) else logp[idx]
+            scores[idx, :k], parents[idx, :k], tokens[idx, :k] = _top(free, cum[idx], k)
     for i, trie in choice.tries:
-        sc, par, tok, nod = constrained_continuations(trie, logp[i], cum[i], nodes[i], w, depth)
+        rows = logp.requests(i).log_probs() if isinstance(logp, LogitRows) else logp[i]
+        sc, par, tok, nod = constrained_continuations(trie, rows, cum[i], nodes[i], w, depth)
         n = sc.shape[0]
         scores[i, :n], parents[i, :n], tokens[i, :n], new_nodes[i, :n] = sc, par, tok, nod
     if choice.past_width is not None:

@@ -29,3 +29,10 @@ class ModelConfig:
     @property
     def kv_size(self) -> int:
         return self.kv_heads * self.head_dim
+
+    @property
+    def token_flops(self) -> int:
+        """GEMM FLOPs of the layers per token (2 x the non-embedding weights)."""
+        per_layer = self.hidden * (self.q_size + 2 * self.kv_size) + self.q_size * self.hidden \
+            + 3 * self.hidden * self.intermediate
+        return 2 * self.layers * per_layer

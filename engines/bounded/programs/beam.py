@@ -1,9 +1,11 @@
 """The beam_search programs: the prompt prefill that keeps K/V, and the transformer body of
 one decode step of all beams of a batch of requests.
 
-Both stop at the final-normed hidden states; the full-vocabulary head, log-softmax and the
-choice of the next beams run in the runtime on planned buffers (kernels.head,
-kernels.select). K/V leave the graphs in float32, the dtype of the beam K/V buffers.
+Both stop at the final-normed hidden states; the full-vocabulary head GEMM and the choice
+of the next beams run in the runtime on planned buffers (kernels.head, kernels.select).
+K/V leave the graphs in float32, the dtype of the beam K/V buffers. A third program,
+`BeamHeadTail`, is the head's tail on a CPU in low precision: one compiled pass over the
+logits for each row's log-sum-exp and block maxima (kernels.head.logit_summary).
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from torch import Tensor, nn
 
 from engines.bounded.kernels.attention import packed_attention
 from engines.bounded.kernels.beam_attention import key_bias, shared_prefix_attention
+from engines.bounded.kernels.head import logit_summary
 from engines.bounded.model.decoder import DecoderModel
 
 
@@ -76,3 +79,16 @@ class BeamDecodeStep(nn.Module):
 
         hidden, kv = self.model(tokens, positions, attend, keep_kv=True)
         return hidden, torch.stack([k.float() for k, _ in kv]), torch.stack([v.float() for _, v in kv])
+
+
+class BeamHeadTail(nn.Module):
+    """forward(logits [B, V] (banned ids at -inf), banned [B, E] float32 (their former
+    logits)) -> (lse [B], block_max [B, V/blk]) float32 (kernels.head.logit_summary: no
+    weights; compiled, the reductions fuse)."""
+
+    def __init__(self, blk: int):
+        super().__init__()
+        self.blk = blk
+
+    def forward(self, logits: Tensor, banned: Tensor) -> tuple[Tensor, Tensor]:
+        return logit_summary(logits, banned, self.blk)

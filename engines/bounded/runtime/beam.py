@@ -37,22 +37,25 @@ from engines.bounded.kernels.constraints import ROOT
 from engines.bounded.model.families import read_model_config
 from engines.bounded.model.precision import PrecisionPolicy
 from engines.bounded.plan import BeamPlan
-from engines.bounded.programs.beam import BeamDecodeStep, BeamPrefill
+from engines.bounded.programs.beam import BeamDecodeStep, BeamHeadTail, BeamPrefill
 from engines.bounded.runtime import export
 from engines.bounded.runtime.beam_batch import BeamBatch, BeamJob, BeamOutput, BeamState
 from engines.bounded.runtime.buffers import BeamBuffers
-from engines.bounded.runtime.compiled import CompiledRuntime, Graph
+from engines.bounded.runtime.compiled import CompiledRuntime, Graph, threads_for
 from engines.bounded.runtime.graphs import Backend, CudaBackend, GraphSet
 
 
 class BeamRuntime(CompiledRuntime):
     def __init__(self, model_dir: Path, policy: PrecisionPolicy, device: str, plan: BeamPlan,
                  banned: Sequence[int], compile_mode: str = "aot", log: Callable[[str], None] = print,
-                 attention: str = "auto", cuda_graphs: bool = True, graph_backend: Optional[Backend] = None):
+                 attention: str = "auto", cuda_graphs: bool = True, graph_backend: Optional[Backend] = None,
+                 kernel_profile: bool = False):
         """`cuda_graphs`: capture the decode steps on a GPU; `graph_backend` captures them on
         any device instead (tests)."""
-        # a beam prefill packs at most the plan's requests' prompts: few, on the common plans
-        super().__init__(model_dir, policy, device, compile_mode, log, attention, plan.max_requests)
+        # a beam prefill packs at most the plan's requests' prompts (few, on the common plans)
+        # of at most the prompt bound
+        super().__init__(model_dir, policy, device, compile_mode, log, attention, plan.max_requests, plan.max_prompt,
+                         kernel_profile)
         self.plan, self.banned_ids = plan, list(banned)
         self.cuda_graphs, self.graph_backend = cuda_graphs, graph_backend
         self.buffers: Optional[BeamBuffers] = None
@@ -68,10 +71,26 @@ class BeamRuntime(CompiledRuntime):
         cfg = read_model_config(self.model_dir)
         steps = [export.beam_step(p, w, cfg, lambda: BeamDecodeStep(self.model()).eval(), d)
                  for w in sorted(set(p.widths))]
-        return [export.beam_prefill(p, lambda: self._program(BeamPrefill), d), *steps]
+        tail = [export.beam_head_tail(p, cfg.vocab, len(self.banned_ids), self._tail_dtype(), self._head_tail, d)] if self._summarised() else []
+        return [export.beam_prefill(p, lambda: self._program(BeamPrefill), d), *steps, *tail]
 
     def eager_graphs(self) -> dict[str, Graph]:
-        return {"beam_prefill": self._program(BeamPrefill), "beam_step": BeamDecodeStep(self.model()).eval()}
+        graphs = {"beam_prefill": self._program(BeamPrefill), "beam_step": BeamDecodeStep(self.model()).eval()}
+        return {**graphs, "beam_head_tail": self._head_tail()} if self._summarised() else graphs
+
+    def _summarised(self) -> bool:
+        """Does the head's tail summarise the logits (kernels.head.logit_summary) instead of
+        writing float32 log-probabilities? On a CPU in a low-precision float plan: a float32
+        plan keeps transformers' log-softmax bit for bit, the int8 head writes float32
+        anyway, and a GPU's decode steps are captured with the log-probabilities."""
+        return (self.device.type == "cpu" and self.policy.dtype in ("bfloat16", "float16")
+                and self.policy.gemm_kind("head") != "int8" and len(self.banned_ids) > 0)
+
+    def _tail_dtype(self) -> torch.dtype:
+        return getattr(torch, self.policy.dtype)
+
+    def _head_tail(self) -> BeamHeadTail:
+        return BeamHeadTail(head.block_size(read_model_config(self.model_dir).vocab)).eval()
 
     def serve(self, graphs: dict[str, Graph], compiled: bool) -> None:
         self._prefill = graphs["beam_prefill"]
@@ -82,6 +101,8 @@ class BeamRuntime(CompiledRuntime):
         self.head_weight, self.cfg = model.lm_head, model.cfg  # [V, hidden]
         self.buffers = BeamBuffers(model.cfg, self.plan, self.head_weight.dtype, self.device)
         self.banned = torch.tensor(self.banned_ids, dtype=torch.int64, device=self.device)
+        self._tail = graphs.get("beam_head_tail")  # None: the float32 log-probabilities
+        self.status["head_tail"] = "logit summary" if self._tail is not None else "float32 log-probabilities"
         self.packed_head = head.prepack_head(self.head_weight, self.plan.max_width)
         self.int8_head = head.Int8Head.of(self.head_weight) if self.policy.gemm_kind("head") == "int8" else None
         self.status["buffers_mib"] = round(self.buffers.nbytes() / 2**20, 1)
@@ -142,7 +163,8 @@ class BeamRuntime(CompiledRuntime):
             raise ValueError(f"{r} requests x {width} beams x {steps} steps exceed the planned buffers")
         packed = buf.pack.pack([list(j.prompt) for j in jobs])
         # [R, hidden]; [layers, R, Hkv, L, D]
-        hidden, k, v = self._prefill(*packed.varlen_args())
+        with threads_for(self.device, packed.num_tokens * self.cfg.token_flops):
+            hidden, k, v = self._prefill(*packed.varlen_args())
         longest = k.shape[3]
         rows = self._rows_bucket(r, width)
         stride = p.max_prompt if self.graphs is not None else longest
@@ -176,7 +198,7 @@ class BeamRuntime(CompiledRuntime):
             return batch  # this batch generates fewer tokens than the DAG's last step
         if j == 1:
             r = batch.requests
-            logp = self._head(batch.hidden)[:, None]  # [R, 1, V]: one live beam, the prompt
+            logp = self._view(self._head(batch.hidden), r, 1)  # [R, 1, V]: one live beam, the prompt
             cum = torch.zeros(r, 1, device=self.device)
             nodes = torch.full((r, 1), ROOT, dtype=torch.int64, device=self.device)
             batch.state = self._select(batch, logp, cum, nodes, BeamState.empty(batch.requests, batch.width, batch.steps, self.device), 0)
@@ -204,8 +226,11 @@ class BeamRuntime(CompiledRuntime):
         pk, pv = buf.prompt_views(rows, stride)
         prompt_len, (sk, sv) = buf.prompt_len[:rows], buf.suffix_views(parity, b)
 
+        body = b * self.cfg.token_flops
+
         def call() -> tuple[Tensor, Tensor, Tensor]:
-            hidden, nk, nv = step(tokens, positions, pk, pv, prompt_len, sk, sv, buf.suffix_len)
+            with threads_for(self.device, body):
+                hidden, nk, nv = step(tokens, positions, pk, pv, prompt_len, sk, sv, buf.suffix_len)
             return self._head(hidden), nk, nv
         return call
 
@@ -230,11 +255,26 @@ class BeamRuntime(CompiledRuntime):
         if t - 1 < self.plan.suffix_slots and t < batch.steps - 1:  # read by a later pass
             dst[0][:, :, t - 1].copy_(nk)
             dst[1][:, :, t - 1].copy_(nv)
-        return logp.view(rows, w, -1)[:r]
+        return self._view(logp, rows, w).requests(slice(0, r)) if isinstance(logp, head.LogitRows) \
+            else logp.view(rows, w, -1)[:r]
 
-    def _head(self, hidden: Tensor) -> Tensor:
-        # hidden: [rows, hidden] -> log-probabilities [rows, V] in the planned buffer
+    @staticmethod
+    def _view(out: Tensor | head.LogitRows, r: int, w: int) -> Tensor | head.LogitRows:
+        return out.view(r, w) if isinstance(out, head.LogitRows) else out.view(r, w, -1)
+
+    def _head(self, hidden: Tensor) -> Tensor | head.LogitRows:
+        # hidden: [rows, hidden] -> log-probabilities [rows, V] in the planned buffer, or the
+        # logits and their summary (LogitRows, rows [rows, 1])
+        with torch.profiler.record_function("bounded::head"), \
+                threads_for(self.device, 2 * hidden.numel() * self.cfg.vocab):
+            return self._head_rows(hidden)
+
+    def _head_rows(self, hidden: Tensor) -> Tensor | head.LogitRows:
         logp, logits = self.buffers.head_views(hidden.shape[0])
+        if self._tail is not None:
+            x = head.head_logits(hidden, self.head_weight, logits, self.packed_head)  # [rows, V]
+            lse, block_max = self._tail(x, head.ban_logits(x, self.banned))
+            return head.LogitRows(x[:, None], lse[:, None], block_max[:, None], head.block_size(x.shape[1]))
         if self.int8_head is not None:
             return head.log_probs_of(self.int8_head(hidden, logp), self.banned, logp)  # in place
         return head.head_log_probs(hidden, self.head_weight, self.banned, logp, logits, self.packed_head)
@@ -243,7 +283,8 @@ class BeamRuntime(CompiledRuntime):
                 t: int) -> BeamState:
         """logp: [R, w_in, V], cum/nodes: [R, w_in] -> the next [R, W] beams, whose t-th
         token (0-based) is chosen here (their parents' trie nodes lie at depth t)."""
-        scores, parents, tokens, new_nodes = select.next_beams(logp, cum, nodes, batch.choice, depth=t)
+        with torch.profiler.record_function("bounded::select"):
+            scores, parents, tokens, new_nodes = select.next_beams(logp, cum, nodes, batch.choice, depth=t)
         history = state.history.gather(1, parents[:, :, None].expand_as(state.history))
         history[:, :, t] = tokens
         return BeamState(scores, history, new_nodes, parents)

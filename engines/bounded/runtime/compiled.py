@@ -7,10 +7,11 @@ Compiling is separate from serving: `compile()` only makes sure the cached packa
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
@@ -29,18 +30,42 @@ INDUCTOR_CONFIGS: dict[str, Any] = {"freezing": True}
 
 Graph = Callable[..., Any]
 
+# A CPU call of less work than this runs on the calling thread alone: splitting each of its
+# ~100 small kernels across the OpenMP team costs more in fork/join barriers than it saves
+# (the tiny model's 15-sample scoring call, ~0.1 GFLOP: 2.5 ms on one thread, 11 ms on two
+# with the other core busy), and a team member a busy core has descheduled stalls them all.
+SERIAL_FLOPS = 2e8
+
+
+@contextlib.contextmanager
+def threads_for(device: torch.device, flops: float) -> Iterator[None]:
+    """Run the enclosed CPU work on one thread when it is smaller than SERIAL_FLOPS."""
+    if device.type != "cpu" or flops >= SERIAL_FLOPS:
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
 
 class CompiledRuntime:
     """Subclasses say what to compile (`exports`), what runs eagerly (`eager_graphs`), how to
     size the rotary tables (`max_positions`) and what to build once graphs exist (`serve`)."""
 
     def __init__(self, model_dir: Path, policy: PrecisionPolicy, device: str, compile_mode: str = "aot",
-                 log: Callable[[str], None] = print, attention: str = "auto", max_sequences: Optional[int] = None):
+                 log: Callable[[str], None] = print, attention: str = "auto", max_sequences: Optional[int] = None,
+                 max_len: Optional[int] = None, kernel_profile: bool = False):
         """`attention`: the packed prefill's attention (kernels/attention.ATTENTIONS), or
-        "auto": the device's best for batches of up to `max_sequences` sequences (None: many)."""
+        "auto": the device's best for batches of up to `max_sequences` sequences (None: many)
+        of up to `max_len` tokens (None: long). `kernel_profile`: packages whose every kernel
+        shows in torch.profiler (their own cache entries; `bench profile`)."""
+        self.inductor = {**INDUCTOR_CONFIGS, **({"cpp.enable_kernel_profile": True} if kernel_profile else {})}
         self.model_dir, self.policy, self.log = Path(model_dir), policy, log
         self.device, self.requested = torch.device(device), compile_mode
-        self.attention = attention_for(self.device, max_sequences) if attention == "auto" else attention
+        self.attention = attention_for(self.device, max_sequences, max_len) if attention == "auto" else attention
         self.status: dict[str, Any] = {"compile": compile_mode, "compile_requested": compile_mode,
                                        "prefill_attention": self.attention}
         self._model: Optional[DecoderModel] = None
@@ -73,7 +98,7 @@ class CompiledRuntime:
         return aot.CompileKey(name, fingerprint(self.model_dir), p.dtype, p.residual,
                               p.cache_tag(),
                               aot.device_tag(self.device), torch.__version__, shapes,
-                              inductor=json.dumps(INDUCTOR_CONFIGS, sort_keys=True), attention=self.attention)
+                              inductor=json.dumps(self.inductor, sort_keys=True), attention=self.attention)
 
     def compile(self) -> dict[str, Any]:
         """Load every package, compiling those the cache lacks. -> the status."""
@@ -88,7 +113,7 @@ class CompiledRuntime:
         single = self.device.type == "cuda"
         for e in exports:
             key = self.key(e.name, e.shapes)
-            loaded = aot.load_or_compile(key, e.build, e.example, e.dims, self.log, INDUCTOR_CONFIGS,
+            loaded = aot.load_or_compile(key, e.build, e.example, e.dims, self.log, self.inductor,
                                          single_threaded=single)
             graphs[e.name] = loaded.runner
             packages[e.name] = {"package": str(loaded.path), "compiled_now": loaded.compiled_now,

@@ -91,3 +91,13 @@ def _step_dims(s: BeamGraphPlan) -> tuple:
     p = Dim("prompt", min=1, max=max(3, s.max_prompt))
     b = s.width * r
     return ({0: b}, {0: b}, {1: r, 3: p}, {1: r, 3: p}, {0: r}, {1: b}, {1: b}, None)
+
+
+def beam_head_tail(plan: BeamPlan, vocab: int, banned: int, dtype: torch.dtype, build: Callable[[], nn.Module],
+                   device: torch.device) -> Export:
+    """programs.beam.BeamHeadTail(logits [B, V], banned [B, E]) for up to the plan's beam rows."""
+    rows = max(3, plan.max_rows)
+    b = min(rows - 1, 100)
+    example = (torch.zeros(b, vocab, dtype=dtype, device=device), torch.zeros(b, max(1, banned), device=device))
+    dim = Dim("rows", min=1, max=rows)
+    return Export("beam_head_tail", plan.graph(plan.max_width), build, example, ({0: dim}, {0: dim}))

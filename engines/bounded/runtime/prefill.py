@@ -18,15 +18,18 @@ from engines.bounded.plan import PrefillPlan
 from engines.bounded.programs.prefill import ScorePrefill
 from engines.bounded.runtime import export
 from engines.bounded.runtime.buffers import PackBuffers, PackedBatch
-from engines.bounded.runtime.compiled import CompiledRuntime, Graph
+from engines.bounded.model.families import read_model_config
+from engines.bounded.runtime.compiled import CompiledRuntime, Graph, threads_for
 
 PROGRAM = "score_prefill"  # the package name (runtime.export)
 
 
 class PrefillRuntime(CompiledRuntime):
     def __init__(self, model_dir: Path, policy: PrecisionPolicy, device: str, plan: PrefillPlan,
-                 compile_mode: str = "aot", log: Callable[[str], None] = print, attention: str = "auto"):
-        super().__init__(model_dir, policy, device, compile_mode, log, attention)
+                 compile_mode: str = "aot", log: Callable[[str], None] = print, attention: str = "auto",
+                 kernel_profile: bool = False):
+        super().__init__(model_dir, policy, device, compile_mode, log, attention, max_len=plan.max_len,
+                         kernel_profile=kernel_profile)
         self.plan = plan
         self.buffers: Optional[PackBuffers] = None
         self._graph: Optional[Graph] = None
@@ -46,6 +49,7 @@ class PrefillRuntime(CompiledRuntime):
         p = self.plan
         self.buffers = PackBuffers(p.max_tokens, p.max_seqs, p.max_len, self.device, extra=p.max_labels)
         self._graph = graphs[PROGRAM]
+        self._token_flops = read_model_config(self.model_dir).token_flops
 
     def _program(self) -> ScorePrefill:
         return ScorePrefill(self.model(), self.attention).eval()
@@ -61,6 +65,6 @@ class PrefillRuntime(CompiledRuntime):
 
     def run(self, batch: PackedBatch, label_ids: Tensor) -> Tensor:
         """-> label logits [S, N] float32 on the CPU (the one wait for the device)."""
-        with torch.inference_mode():
+        with torch.inference_mode(), threads_for(self.device, batch.num_tokens * self._token_flops):
             out = self._graph(*batch.varlen_args(), batch.prefix, label_ids)
         return out.float().cpu()

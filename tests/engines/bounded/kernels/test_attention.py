@@ -42,7 +42,7 @@ def test_packed_attention_kernels_agree():
         assert torch.allclose(attend(q, k, v), loop, atol=1e-5), kind
     assert torch.allclose(padded, loop, atol=1e-5)
     assert torch.allclose(varlen, loop, atol=1e-5)
-    with pytest.raises(ValueError, match="choose one of per_sequence, padded"):
+    with pytest.raises(ValueError, match="choose one of per_sequence, padded, dense"):
         kernels.packed_attention("flash", b.cu_seqlens, b.pad_index, b.unpad_index)
     # each sequence alone: attention never crosses a sequence boundary
     s, e = b.spans[2]
@@ -116,6 +116,8 @@ def test_padded_view_of_items_is_their_concatenation(hq, hkv, d):
         want = concatenation_reference(q, k, v, b.spans, b.prefix.tolist())
         got = kernels.packed_attention_padded(q, k, v, b.pad_index, b.unpad_index)
         assert (got.double() - want).abs().max() < 2e-5
+        dense = kernels.packed_attention_dense(q, k, v, b.pad_index, b.unpad_index)
+        assert (dense.double() - want).abs().max() < 2e-5
 
 
 def test_bfloat16_items_stay_close_and_no_prefix_is_the_plain_op():
@@ -155,4 +157,7 @@ def test_auto_attention_by_device_and_batch():
     assert kernels.attention_for(cpu) == "per_sequence"  # scoring: many samples of unequal lengths
     assert kernels.attention_for(cpu, kernels.FEW_SEQUENCES) == "padded"  # a beam batch's prompts
     assert kernels.attention_for(cpu, kernels.FEW_SEQUENCES + 1) == "per_sequence"
+    assert kernels.attention_for(cpu, None, kernels.SHORT_SEQUENCES) == "dense"  # many short samples
+    assert kernels.attention_for(cpu, 1, kernels.SHORT_SEQUENCES) == "dense"
+    assert kernels.attention_for(cpu, None, kernels.SHORT_SEQUENCES + 1) == "per_sequence"
     assert kernels.attention_for(gpu) == kernels.attention_for(gpu, 1) == "padded"

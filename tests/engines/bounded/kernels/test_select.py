@@ -77,3 +77,49 @@ def test_constrained_choice_has_fixed_shapes():
     assert scores.shape == (4,)  # min(4, 2 x 3), whatever is alive
     assert scores[0] == cum[0] + logp[0, 8] and (parents[0], tokens[0]) == (0, 8)
     assert torch.isinf(scores[1:]).all()
+
+
+def _logit_rows(logits, banned):
+    from engines.bounded.kernels import head
+    r, w, v = logits.shape
+    flat = logits.clone().view(r * w, v)
+    former = head.ban_logits(flat, torch.tensor(banned))
+    lse, block_max = head.logit_summary(flat, former, head.block_size(v))
+    return head.LogitRows(flat.view(r, w, v), lse.view(r, w), block_max.view(r, w, -1), head.block_size(v))
+
+
+def test_the_logit_summary_chooses_what_the_log_probabilities_choose():
+    # bf16 logits, a banned token, dead rows: the summarised head (no float32 log-probs)
+    # picks the same continuations, with the scores log_softmax gives to float rounding
+    torch.manual_seed(4)
+    r, w, v, k = 3, 7, 1280, 11
+    logits = (torch.randn(r, w, v) * 3).bfloat16()
+    cum = torch.randn(r, w) - 4
+    cum[2, 5:] = -math.inf
+    rows = _logit_rows(logits, [17, 300])
+    logp = torch.log_softmax(logits.float(), -1)
+    logp[:, :, [17, 300]] = -math.inf
+    want_scores, want_flat = torch.topk((logp + cum[:, :, None]).view(r, -1), k)
+    scores, parent, token = select.top_continuations_of_logits(rows, cum, k)
+    assert torch.equal(parent * v + token, want_flat)
+    torch.testing.assert_close(scores, want_scores, rtol=0, atol=1e-5)
+    assert not ((token == 17) | (token == 300)).any()
+    # a constrained request reads materialised log-probabilities of its own rows
+    torch.testing.assert_close(rows.requests(1).log_probs(), logp[1], rtol=0, atol=1e-5)
+
+
+def test_next_beams_take_logit_rows_for_free_and_constrained_requests():
+    torch.manual_seed(5)
+    r, w_in, v, w = 2, 3, 192, 4
+    logits = (torch.randn(r, w_in, v) * 2).bfloat16()
+    cum = torch.randn(r, w_in) - 3
+    logp = torch.log_softmax(logits.float(), -1)
+    logp[:, :, 5] = -math.inf
+    trie = build_trie([(7, 1), (7, 2), (9, 3)], v)
+    nodes = torch.full((r, w_in), ROOT, dtype=torch.int64)
+    choice = select.prepare_choice([None, trie], [4, 4], w, _to_device)
+    got = select.next_beams(_logit_rows(logits, [5]), cum, nodes, choice, depth=0)
+    want = select.next_beams(logp, cum, nodes, choice, depth=0)
+    for g, x in zip(got[1:], want[1:]):
+        assert torch.equal(g, x)
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=1e-5)
