@@ -151,7 +151,7 @@ def _print_summary(result) -> None:
     for col in cols + (["valid codes", "recall"] if codes else []) + ["status"]:
         t.add_column(col, justify="right")
     for er in result.engines:
-        mode = er.describe.get("mode") or ""  # how the engine serves, e.g. "eager (AOT failed)"
+        mode = er.describe.mode if er.describe else ""  # how the engine serves, e.g. "eager (AOT failed)"
         if er.skipped:
             t.add_row(er.name, mode, *["-"] * (len(t.columns) - 3), "skipped (optional)" if er.optional else "skipped")
         for p in er.points:
@@ -167,8 +167,8 @@ def _print_summary(result) -> None:
     if any(p.metrics.p99_estimate and p.metrics.ok for er in result.engines for p in er.points):
         out.print("* P99 on fewer than 459 requests: an estimate", style="dim")
     for er in result.engines:
-        if er.describe.get("fallback"):
-            out.print(f"[yellow]{escape(er.name)} does not serve as asked:[/yellow] {escape(er.describe['fallback'])}",
+        if er.describe and er.describe.fallback:
+            out.print(f"[yellow]{escape(er.name)} does not serve as asked:[/yellow] {escape(er.describe.fallback)}",
                       highlight=False)
     for er in result.engines:
         for cell, search in er.searches:

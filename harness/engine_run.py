@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from engines.base import Bounds, EngineConfig, EngineDied, EngineUnavailable
+from engines.base import Bounds, Description, EngineConfig, EngineDied, EngineUnavailable
 from engines.registry import create_engine
 from harness.flops import ModelShape
 from harness.loadgen import LoadPoint
@@ -43,7 +43,7 @@ class PointRun:
 @dataclass
 class EngineRun:
     name: str
-    describe: dict[str, Any] = field(default_factory=dict)
+    describe: Description | None = None  # what the engine said of itself at its (first) start
     start_s: float = float("nan")  # the first start
     starts: int = 0  # per-cell sizing and restarts after a death start an engine again
     points: list[PointRun] = field(default_factory=list)

@@ -86,7 +86,8 @@ class RunResult:
             out.append(f"P99 rests on fewer than {P99_MIN_REQUESTS} requests at {len(few)} load point(s) "
                        f"(min {min(few)}): those P99s are estimates")
         bound = sharing_bound(self.scenario.workload)  # an engine sharing each query may pass 100 % by that much
-        over = max((p.metrics.mfu for er in self.engines if not low_precision(er.describe) for p in er.points
+        over = max((p.metrics.mfu for er in self.engines if not (er.describe and er.describe.precision.low_precision)
+                    for p in er.points
                     if p.metrics.mfu > bound), default=None)
         if over is not None:  # no engine beats the device's best rate: the peak is wrong
             out.append(f"effective MFU up to {over:.0%}: the peak of {self.peak_tflops:g} TFLOP/s "
@@ -103,24 +104,11 @@ class RunResult:
 FLAGS = {"requests": "--requests", "duration_s": "--duration", "concurrency": "--concurrency", "rate": "--rate"}
 
 
-def compute_dtype(describe: dict[str, Any]) -> str | None:
-    """The dtype an engine's GEMMs run in, from its describe(): `compute_dtype` where the
-    engine chose one itself (the bounded engine's precision policy), else its `dtype`."""
-    return describe.get("compute_dtype") or describe.get("dtype")
-
-
-def low_precision(describe: dict[str, Any]) -> bool:
-    """Does the engine run GEMMs below float precision (int8/fp8 groups)? Its MFU, counted at
-    the float FLOPs against the float peak, may then pass 100 % without the peak being wrong."""
-    p = describe.get("precision")
-    return isinstance(p, dict) and any(k not in ("dense", None) for k in (p.get("gemm") or {}).values())
-
-
 def emulation_warnings(er: "EngineRun", peaks: Any) -> list[str]:
     if not er.describe or not er.computes:
         return []
-    dtype = compute_dtype(er.describe)
-    why = peaks.emulated(dtype) if dtype else None
+    dtype = er.describe.precision.dtype
+    why = peaks.emulated(dtype)
     return [f"{er.name}: computes in {dtype}, which this device emulates: {why}"] if why else []
 
 

@@ -59,7 +59,7 @@ def main() -> None:
     try:
         for name, engine in engines.items():
             engine.start()
-            print(f"{name}: {engine.describe()['precision']['summary']}")
+            print(f"{name}: {engine.describe().precision.summary}")
         times = asyncio.run(run())
     finally:
         for engine in engines.values():

@@ -62,7 +62,7 @@ def main() -> None:
         with torch.profiler.profile() as prof:
             for i in range(args.requests):
                 request(i)
-        print(f"{args.requests} requests, precision {engine.describe()['precision']['summary']}")
+        print(f"{args.requests} requests, precision {engine.describe().precision.summary}")
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows,
                                         max_name_column_width=70))
     finally:

@@ -351,7 +351,7 @@ def build_server(scenario, engine_name: str, options: ServeOptions, *, device: s
     engine = create_engine(setup.name, cfg)
     log(f"starting engine {engine_name} on {cfg.device} ...")
     engine.start()
-    info = {"version": f"bench-serve {harness.__version__}", "engine": engine.describe(), "model": scenario.model,
+    info = {"version": f"bench-serve {harness.__version__}", "engine": engine.describe().to_dict(), "model": scenario.model,
             "scenario": scenario.name, "bounds": cfg.bounds.__dict__, "serve": options.__dict__}
     return Server(engine, setup.translator, options, _public(info))
 

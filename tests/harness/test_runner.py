@@ -2,6 +2,7 @@ from pathlib import Path
 
 import pytest
 
+from engines.base import Description, Precision
 from harness.runner import Overrides, effective_load
 from harness.scenario import load_scenario
 
@@ -61,8 +62,9 @@ def test_engines_computing_in_an_emulated_dtype_are_warned_about(tmp_path, monke
     from tests.harness.test_peak import ICE_LAKE_RATES, ZEN4_RATES
 
     monkeypatch.setenv("BOUNDED_BENCH_CACHE", str(tmp_path))
-    engines = {"hf": {"dtype": "bfloat16"}, "bounded": {"dtype": "bfloat16", "compute_dtype": "float32"},
-               "noop": {"dtype": "bfloat16"}, "fp32": {"dtype": "float32"}}
+    described = lambda dtype, computes: Description("x", "cpu", dtype, Precision(computes))  # noqa: E731
+    engines = {"hf": described("bfloat16", "bfloat16"), "bounded": described("bfloat16", "float32"),
+               "noop": described("bfloat16", "bfloat16"), "fp32": described("float32", "float32")}
     ice = _run_with(cpu_peaks(ICE_LAKE, measure=lambda c: ICE_LAKE_RATES), engines)
     assert ice.peak_tflops == 0.32
     warned = [w for w in ice.warnings if "emulates" in w]
@@ -119,11 +121,9 @@ def test_an_int8_plan_over_100_percent_does_not_blame_the_peak():
     """int8/fp8 work counts at the float FLOPs against the float peak, so it may pass 100 %."""
     from types import SimpleNamespace
 
-    from harness.runner import EngineRun, RunResult, low_precision
+    from harness.runner import EngineRun, RunResult
 
-    int8 = {"precision": {"gemm": {"qkv": "dense", "down": "int8"}}}
-    assert low_precision(int8) and not low_precision({"precision": {"gemm": {"qkv": "dense"}}})
-    assert not low_precision({"dtype": "bfloat16"})
+    int8 = Description("bounded", "cpu", "bfloat16", Precision("bfloat16", "bfloat16 + int8 [down]", low_precision=True))
     sc = load_scenario(SCENARIOS / "smoke_prefill.yaml")
     peaks = SimpleNamespace(mfu_tflops=0.4, why=lambda: "measured", emulated=lambda d: None)
     point = lambda: SimpleNamespace(metrics=SimpleNamespace(mfu=1.13, ok=5, p99_estimate=False))  # noqa: E731
@@ -132,7 +132,7 @@ def test_an_int8_plan_over_100_percent_does_not_blame_the_peak():
     result.engines[-1].points = [point()]
     result.engines[-1].warnings = lambda: []  # the per-point warnings are not what is tested
     assert not [w for w in result.warnings if "effective MFU up to" in w]
-    result.engines.append(EngineRun("bounded", describe={"precision": {"gemm": {"qkv": "dense"}}}))
+    result.engines.append(EngineRun("bounded", describe=Description("bounded", "cpu", "bfloat16", Precision("bfloat16"))))
     result.engines[-1].points = [point()]
     result.engines[-1].warnings = lambda: []
     assert [w for w in result.warnings if "effective MFU up to" in w]
