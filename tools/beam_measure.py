@@ -22,8 +22,8 @@ import torch
 
 from engines.base import BeamRequest, Bounds, EngineConfig
 from engines.bounded.engine import BoundedEngine
-from harness.flops import ModelShape, beam_flops
-from harness.presets import resolve_model
+from harness.measure.flops import ModelShape, beam_flops
+from harness.workload.presets import resolve_model
 
 
 def rss_mb() -> float:

@@ -39,7 +39,7 @@ def main() -> None:
     from engines.bounded.engine import BoundedEngine
     from engines.bounded.runtime import compiled
     from engines.bounded.runtime.beam_batch import BeamJob
-    from harness.presets import resolve_model
+    from harness.workload.presets import resolve_model
 
     compiled.INDUCTOR_CONFIGS["cpp.enable_kernel_profile"] = True  # part of the packages' key
     options = {"compile": "aot"}

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from engines.base import Description
-from harness.agreement import agreement
+from harness.measure.agreement import agreement
 from harness.report import plots
 from harness.report.rundir import RunFiles, load_run, stage_times
 

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from harness.infer import result_line
+from harness.run.infer import result_line
 
 Answers = dict[str, dict[str, dict[str, Any]]]  # engine -> request id -> answer line
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import harness
-from harness.flops import FORMULA
+from harness.measure.flops import FORMULA
 from harness.report.tables import result_rows
 
 

@@ -1,4 +1,4 @@
-"""The HTTP side of the harness: `bench serve` (api.py: bodies and their translation;
-server.py: routes, admission, metrics; process.py: the server as a child process),
-`bench load` (load.py + locustfile.py: Locust against any SGLang-compatible server) and
-`bench soak` (soak.py)."""
+"""The serving stage, serving only: `bench serve` (api.py: bodies and their translation;
+server.py: routes, admission, metrics; deadline.py: slow clients; hosts.py: the loopback
+names) and `bench serve --ray` (replicas.py: the same routes on Ray Serve). Load against a
+server lives in harness.load."""

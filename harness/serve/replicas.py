@@ -25,13 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from harness.serve.hosts import is_loopback
 from harness.serve.server import ServeOptions, build_server, engine_setup
+from engines.registry import engine_class
 
 MAX_REPLICAS = 1024
 MAX_PER_REPLICA = 1024.0  # CPUs or GPUs per replica
 INSTALL_HINT = 'pip install -e ".[ray]"  (or: pip install "ray[serve]==2.60.0")'
 APP_NAME = "bench"
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 CODE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding harness/ and engines/
 # a cluster's nodes get this code with the job (Ray uploads it; the nodes need the dependencies)
 CLUSTER_JOB_ENV = {"py_modules": [str(CODE_ROOT / "harness"), str(CODE_ROOT / "engines")]}
@@ -269,10 +270,9 @@ def serve_replicas(scenario, engine_name: str, serve_opts: ServeOptions, ray_opt
                    stop: threading.Event | None = None) -> None:
     """Deploy the replicas, call `on_ready(url, placement)`, serve until SIGINT/SIGTERM (or
     `stop`), then delete the application (in-flight requests finish) and stop a local Ray."""
-    from engines.registry import engine_class
 
     local = ray_opts.address is None
-    ray, serve = require_ray(loopback=local and host in LOOPBACK)
+    ray, serve = require_ray(loopback=local and is_loopback(host))
     # fail fast, before Ray starts: unknown engine, unusable options, missing model
     setup = engine_setup(scenario, engine_name, device=device, engine_options=engine_options, log=log)
     engine_class(setup.name).check_available(setup.config)

@@ -36,7 +36,6 @@ import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -52,14 +51,21 @@ from starlette.routing import Route
 
 from engines.base import Engine, EngineConfig, RequestRejected
 from engines.validate import Limits
+from harness.serve.hosts import LOOPBACK_HOSTS
 from harness.serve.api import ApiError, GenerateBody, ScoreBody, Translated, Translator, parse_body
 from harness.serve.deadline import with_head_timeout
+from harness.workload.presets import resolve_model
+from harness.scenario.engines import engine_config
+from harness.scenario.task import BeamTask
+from harness.scenario.schema import EngineSpec
+from harness.workload.requests import item_codes, load_tokenizer
+import harness
+from engines.registry import create_engine
 
 LATENCY_BUCKETS = (.001, .0025, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5, 10, 30, 60)
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 
 
 @dataclass(frozen=True)
@@ -310,10 +316,6 @@ class EngineSetup:
 def engine_setup(scenario, engine_name: str, *, device: str | None = None, engine_options: dict | None = None,
                  log: Callable[[str], None] = print) -> EngineSetup:
     """Resolve the scenario's model; the engine's config (the scenario's bounds) and the body translator."""
-    from harness.presets import resolve_model
-    from harness.runner import engine_config
-    from harness.scenario import BeamTask, EngineSpec
-    from harness.workload import item_codes, load_tokenizer
 
     model_dir = resolve_model(scenario.model, log)
     spec = serving_spec(scenario, engine_name)
@@ -334,7 +336,6 @@ def engine_setup(scenario, engine_name: str, *, device: str | None = None, engin
 def serving_spec(scenario, engine: str):
     """The scenario's entry `engine` names: the one so labelled, else the first of that engine
     (its plain entry, e.g. `bounded` rather than `{name: bounded, label: bounded-noshare}`)."""
-    from harness.scenario import EngineSpec
 
     found = [s for s in scenario.engines if s.title == engine] + [s for s in scenario.engines if s.name == engine]
     return found[0] if found else EngineSpec(name=engine)
@@ -343,8 +344,6 @@ def serving_spec(scenario, engine: str):
 def build_server(scenario, engine_name: str, options: ServeOptions, *, device: str | None = None,
                  engine_options: dict | None = None, log: Callable[[str], None] = print) -> Server:
     """Resolve the scenario's model, start the engine with the scenario's bounds, and wrap it."""
-    import harness
-    from engines.registry import create_engine
 
     setup = engine_setup(scenario, engine_name, device=device, engine_options=engine_options, log=log)
     cfg = setup.config

@@ -211,7 +211,7 @@ def test_unknown_option_lists_known_ones(tiny_dir_f32):
 
 @pytest.fixture(scope="module")
 def tiny_dir_f32():
-    from harness.presets import materialise
+    from harness.workload.presets import materialise
 
     return materialise("tiny", log=lambda s: None)
 

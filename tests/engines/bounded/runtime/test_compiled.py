@@ -29,7 +29,7 @@ def cache(tmp_path_factory):
 
 @pytest.fixture
 def engine_factory(cache, monkeypatch):
-    from harness.presets import materialise
+    from harness.workload.presets import materialise
 
     model_dir = materialise("tiny", log=lambda s: None)  # before the cache root moves
     monkeypatch.setenv("BOUNDED_BENCH_CACHE", str(cache))

@@ -8,6 +8,11 @@ from typing import Iterator
 
 from engines.base import EngineConfig, EngineUnavailable
 from engines.registry import ENGINES, engine_class
+import harness
+from harness.workload.presets import cache_root
+from engines import toolchain
+from engines.hardware import FLOAT_DTYPES, probe
+from harness.device.peak import PRECISIONS, cpu_peaks, device_peaks, is_cached
 
 
 def _version(pkg: str) -> str:
@@ -18,9 +23,6 @@ def _version(pkg: str) -> str:
 
 
 def report(measure: bool = False) -> Iterator[tuple[str, str]]:
-    import harness
-    from harness.presets import cache_root
-
     yield "bounded-bench", harness.__version__
     yield "python", platform.python_version()
     for pkg in ("torch", "transformers", "pydantic", "httpx"):
@@ -43,7 +45,6 @@ def report(measure: bool = False) -> Iterator[tuple[str, str]]:
 def toolchain_lines(device: str) -> Iterator[tuple[str, str]]:
     """What AOTInductor needs to compile packages for `device`, each found or missing (and how
     to provide it); without them the bounded engine serves eagerly and says why."""
-    from engines import toolchain
 
     for c in toolchain.check(device):
         yield f"aot {device} {c.name}", ("ok: " if c.ok else "MISSING: ") + c.detail
@@ -52,8 +53,6 @@ def toolchain_lines(device: str) -> Iterator[tuple[str, str]]:
 def device_lines(device: str, measure: bool, caps=None) -> Iterator[tuple[str, str]]:
     """The ISA facts that decide precision, and every rate per precision (measured on a CPU
     only with --measure or when a run measured them before; a table on a GPU)."""
-    from engines.hardware import FLOAT_DTYPES, probe
-    from harness.peak import PRECISIONS, cpu_peaks, device_peaks, is_cached
 
     caps = caps or probe(device)
     facts = caps.facts()

@@ -7,8 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
-from harness.loadgen import LoadPoint, Tick, poisson_schedule, run_closed, run_poisson
-from harness.scenario import ClosedLoad, PoissonLoad
+from harness.measure.records import LoadPoint
+from harness.load.loadgen import Tick, poisson_schedule, run_closed, run_poisson
+from harness.scenario.load import ClosedLoad, PoissonLoad
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,12 @@ from typing import Any, Callable, Sequence
 import yaml
 
 from engines.base import Bounds
-from harness.bounds import bounds_for
-from harness.loadmodes import load_mode
-from harness.scenario import SWEEP_PARAMS, Scenario, TokenDist, check_sweep_values
+from harness.scenario.bounds import bounds_for
+from harness.load.modes import load_mode
+from harness.scenario.sweep import SWEEP_PARAMS, check_sweep_values
+from harness.scenario.schema import Scenario
+from harness.scenario.fields import TokenDist
+from harness.scenario.files import StrictLoader
 
 MAX_CELLS = 1000
 PROBE_STRIDE = 1_000_000  # request indices reserved for each cell's SLO probes
@@ -70,7 +73,6 @@ def parse_sweep_option(texts: Sequence[str]) -> dict[str, list[Any]]:
     """`--sweep beam_width=25,100,400` (repeatable, a parameter once) -> {"beam_width": [25,
     100, 400]}. The values are read as one YAML flow list, so a distribution is one value:
     `--sweep 'prompt_tokens={mean: 32, min: 16, max: 48},64'`."""
-    from harness.scenario import _Loader
 
     out: dict[str, list[Any]] = {}
     for text in texts:
@@ -82,7 +84,7 @@ def parse_sweep_option(texts: Sequence[str]) -> dict[str, list[Any]]:
         if name in out:
             raise ValueError(f"--sweep {name}: given twice; give all its values at once, e.g. {name}=1,2,4")
         try:
-            parsed = yaml.load(f"[{values}]", Loader=_Loader)  # noqa: S506 - safe loader, no aliases
+            parsed = yaml.load(f"[{values}]", Loader=StrictLoader)  # noqa: S506 - safe loader, no aliases
         except yaml.YAMLError as e:
             raise ValueError(f"--sweep {text!r}: cannot read the values ({' '.join(str(e).split())})") from None
         out[name] = parsed

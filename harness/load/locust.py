@@ -2,7 +2,7 @@
 SGLang), its CSV stats turned into the harness's results.csv and run.json.
 
 The scenario's requests are tokenized here once and written as the bodies the `sglang`
-engine sends (`requests.jsonl`); Locust users (`harness/serve/locustfile.py`) replay them. With
+engine sends (`requests.jsonl`); Locust users (`harness/load/locustfile.py`) replay them. With
 `workers` > 0 Locust runs distributed: a master and that many local worker processes, all on
 127.0.0.1.
 
@@ -28,8 +28,19 @@ from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
-from harness.metrics import P99_MIN_REQUESTS
-from harness.scenario import MAX_CONCURRENCY as MAX_USERS, MAX_REQUESTS, MAX_SECONDS
+from harness.measure.metrics import P99_MIN_REQUESTS
+from harness.scenario.fields import MAX_CONCURRENCY as MAX_USERS, MAX_REQUESTS, MAX_SECONDS
+from engines.base import EngineError
+from engines.sglang import protocol
+from engines.base import PrefillRequest
+from engines.tokens import encode, label_ids
+from harness.workload.presets import resolve_model
+from harness.workload.requests import build_workload, load_tokenizer
+from engines.tokens import encode
+from engines.validate import split_query
+from harness.report.provenance import environment, git_sha
+from harness.report.tables import RESULT_COLUMNS
+import harness
 
 # never import locust here: it monkey-patches the process with gevent
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
@@ -73,8 +84,6 @@ def max_workers() -> int:
 def outcome(status: int, error: BaseException | None, payload_text: str, item: dict) -> str | None:
     """A Locust user's verdict on one answer: None if good, else "rejected: ..." (4xx),
     "timeout: ..." or "error: ..." (5xx, connection, an answer of the wrong shape)."""
-    from engines.base import EngineError
-    from engines.sglang import protocol
 
     if status == 0 or error is not None and status < 200:
         timed_out = isinstance(error, (socket.timeout, TimeoutError)) or "timed out" in str(error).lower()
@@ -107,11 +116,6 @@ def parse_duration(text: str) -> float:
 def write_request_pool(scenario, path: Path, n: int, base_dir: Path | None = None, log: Log = print) -> dict:
     """The scenario's first `n` requests as SGLang bodies, one JSON line each; returns their
     mean samples and tokens per request."""
-    from engines.base import PrefillRequest
-    from engines.sglang import protocol
-    from engines.tokens import encode, label_ids
-    from harness.presets import resolve_model
-    from harness.workload import build_workload, load_tokenizer
 
     tok = load_tokenizer(resolve_model(scenario.model, log))
     items = build_workload(scenario, tok, base_dir)
@@ -143,8 +147,6 @@ def write_request_pool(scenario, path: Path, n: int, base_dir: Path | None = Non
 
 def _query_items(tok, req) -> tuple[list[int], list[list[int]]]:
     """A scoring request's body parts: its query and items, or an empty query and the samples."""
-    from engines.tokens import encode
-    from engines.validate import split_query
 
     if req.has_query:
         return split_query(tok, req.query, req.items)
@@ -234,11 +236,6 @@ def locust_row(prefix: Path, scenario: str, engine: str, users: int, pool: dict)
 
 
 def write_outputs(out_dir: Path, row: dict[str, Any], context: dict[str, Any]) -> list[Path]:
-    from harness.report.provenance import environment, git_sha
-    from harness.report.tables import RESULT_COLUMNS
-
-    import harness
-
     results = out_dir / "results.csv"
     with open(results, "w", newline="") as f:
         w = csv.DictWriter(f, RESULT_COLUMNS, restval="", extrasaction="ignore")

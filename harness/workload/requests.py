@@ -19,8 +19,10 @@ import numpy as np
 from engines.base import BeamRequest, Bounds as EngineBounds, PrefillRequest, Request, RequestRejected
 from engines.validate import MAX_BEAM_WIDTH, MAX_DECODE_STEPS, CheckedPrefill, Limits, RequestChecker
 from harness import strict_json
-from harness.bounds import scenario_bounds
-from harness.scenario import BeamTask, PrefillTask, Scenario, TokenDist
+from harness.scenario.bounds import scenario_bounds
+from harness.scenario.task import BeamTask, PrefillTask
+from harness.scenario.schema import Scenario
+from harness.scenario.fields import TokenDist
 
 
 @dataclass(frozen=True)
@@ -232,7 +234,7 @@ def read_jsonl(path: str | Path) -> list[Request]:
 
 
 class DatasetWorkload:
-    """Requests from a JSONL file (checked whole by harness.preflight first). Valid tokens
+    """Requests from a JSONL file (checked whole by harness.run.preflight first). Valid tokens
     are counted as the engines see them: after the bounds' truncation."""
 
     def __init__(self, path: str | Path, tokenizer: Any, bounds: EngineBounds = EngineBounds()):

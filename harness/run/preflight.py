@@ -18,9 +18,16 @@ from typing import Any
 from engines.base import Bounds, EngineUnavailable, RequestRejected
 from engines.registry import engine_class
 from engines.validate import FieldNames, Limits, RequestChecker
-from harness.presets import PRESETS, tokenizer_files
-from harness.scenario import DEVICE, MAX_RUN_TOKENS, BeamTask, EngineSpec, PrefillTask, Scenario, ScenarioError, select_engines
-from harness.workload import LineError, dataset_path, read_lines, scenario_bounds, single_token_words
+from harness.workload.presets import PRESETS, tokenizer_files
+from harness.scenario.fields import DEVICE, MAX_RUN_TOKENS
+from harness.scenario.task import BeamTask, PrefillTask
+from harness.scenario.schema import EngineSpec, Scenario
+from harness.scenario.errors import ScenarioError
+from harness.scenario.engines import select_engines
+from harness.workload.requests import LineError, dataset_path, read_lines, scenario_bounds, single_token_words
+from harness.run.sweep import plan_cells
+from harness.run.runner import effective_load
+from harness.load.modes import load_mode
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 MAX_LISTED = 5  # bad dataset lines quoted in one message
@@ -145,7 +152,6 @@ def _check_positions(sc: Scenario, facts: ModelFacts, src: str) -> None:
 
 def _check_sweep(sc: Scenario, facts: ModelFacts, src: str, device: str, override: Any) -> None:
     """Every cell of the sweep (with --sweep's values) fits the model's positions."""
-    from harness.sweep import plan_cells
 
     if sc.sweep is None and not override:
         return
@@ -193,8 +199,6 @@ def _check_options(spec: EngineSpec, options: dict[str, Any], src: str, k: int) 
 
 
 def _check_overrides(sc: Scenario, ov: Any, device: str) -> None:
-    from harness.runner import effective_load
-
     load = effective_load(sc, ov, device, lambda _m: None)
     _check_run_size(sc, load, ov)
     if ov.peak_tflops is not None and not 0 < ov.peak_tflops < float("inf"):
@@ -206,8 +210,6 @@ def _check_overrides(sc: Scenario, ov: Any, device: str) -> None:
 def _check_run_size(sc: Scenario, load: Any, ov: Any) -> None:
     """Synthetic requests are made before each load point starts (and kept for the run):
     their text must fit in memory."""
-    from harness.loadmodes import load_mode
-    from harness.sweep import plan_cells
 
     if sc.workload.dataset is not None:
         return  # a dataset's requests are read once and reused

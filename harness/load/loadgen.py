@@ -9,52 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
-from engines.base import Engine, EngineDied, RequestRejected, Result
-from harness.workload import WorkItem
+from engines.base import Engine, EngineDied, RequestRejected
+from harness.measure.records import LoadPoint, RequestRecord
+from harness.workload.requests import WorkItem
 
 SPIN_S = 0.0015  # below this, wait by yielding to the loop instead of sleeping (epoll has ms resolution)
 
 
 class Items(Protocol):
     def __getitem__(self, i: int) -> WorkItem: ...
-
-
-@dataclass
-class RequestRecord:
-    index: int
-    item: WorkItem
-    warmup: bool
-    scheduled: float  # seconds from the load point's start
-    sent: float = float("nan")
-    done: float = float("nan")
-    status: str = "pending"  # ok | error | rejected | timeout
-    error: str = ""
-    result: Result | None = None
-
-    @property
-    def latency_ms(self) -> float:
-        return (self.done - self.scheduled) * 1e3
-
-    @property
-    def send_lag_ms(self) -> float:
-        return (self.sent - self.scheduled) * 1e3
-
-    @property
-    def stages(self) -> dict[str, float]:
-        return getattr(self.result, "stages", None) or {}
-
-
-@dataclass
-class LoadPoint:
-    mode: str  # closed | poisson
-    value: float  # concurrency or rate
-    records: list[RequestRecord] = field(default_factory=list)
-    interrupted: str = ""  # why the point ended early, if it did
 
 
 class Tick(Protocol):

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from engines.hardware import FLOAT_DTYPES, Capabilities, probe
-from harness.presets import PRESETS, cache_root
+from harness.workload.presets import PRESETS, cache_root
 
 PRECISIONS = (*FLOAT_DTYPES, "int8")
 VERSION = 3  # bump when what is measured changes: older cache entries are then remeasured

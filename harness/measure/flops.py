@@ -100,3 +100,17 @@ def request_flops(shape: ModelShape, prompt_tokens: Sequence[int], beam_width: i
     if beam_width:
         return beam_flops(shape, prompt_tokens[0], beam_width, decode_steps)
     return sum(prefill_flops(shape, n) for n in prompt_tokens)
+
+
+def model_shape(model: str) -> ModelShape:
+    if Path(model).is_dir():
+        return ModelShape.from_dir(model)
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(model)
+    except OSError as e:  # not cached and the hub out of reach (or no such model): say which field
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"field model: {model!r} is a hub id this machine cannot load ({reason}); "
+                         f"use a preset or a local model directory") from None
+    return ModelShape.from_config(config.to_dict())

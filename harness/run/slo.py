@@ -2,8 +2,8 @@
 SLO (mean and P99 latency, every measured request answered), with a bounded number of
 probes — exponential bracketing from a starting rate, then bisection.
 
-Each probe is one Poisson load point of the scenario's size, driven by `harness.loadgen`
-(latency from the scheduled send) and summarised by `harness.metrics`, so a probe's numbers
+Each probe is one Poisson load point of the scenario's size, driven by `harness.load.loadgen`
+(latency from the scheduled send) and summarised by `harness.measure.metrics`, so a probe's numbers
 mean what a sweep point's numbers mean. All probes use the same seed: their arrival times
 are one draw scaled by 1/rate, so a higher rate is strictly more load.
 """
@@ -15,12 +15,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence
 
-from harness.flops import ModelShape
-from harness.loadgen import LoadPoint, no_progress, run_poisson
-from harness.loadmodes import ProbeLoad, load_mode
-from harness.metrics import ACHIEVED_RATE_MIN, PointMetrics, summarise, warnings_for
-from harness.scenario import Slo
-from harness.workload import Shifted
+from harness.measure.flops import ModelShape
+from harness.measure.records import LoadPoint
+from harness.load.loadgen import no_progress, run_poisson
+from harness.load.modes import ProbeLoad, load_mode
+from harness.measure.metrics import ACHIEVED_RATE_MIN, PointMetrics, summarise, warnings_for
+from harness.scenario.load import Slo
+from harness.workload.requests import Shifted
 
 MAX_PROBES = 8
 REL_TOL = 0.02  # stop bisecting once the bracket is this narrow relative to its lower end

@@ -14,7 +14,7 @@ Outcomes are recorded by name: a successful request under its route, a failed on
 
 Run by hand (e.g. a worker on another machine, with the requests file `bench load` wrote):
   BENCH_LOCUST_REQUESTS=requests.jsonl BENCH_LOCUST_WORKERS=K \
-    locust -f harness/serve/locustfile.py --worker --master-host HOST
+    locust -f harness/load/locustfile.py --worker --master-host HOST
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import os
 from locust import FastHttpUser, constant, events, task
 from locust.runners import MasterRunner
 
-from harness.serve.load import FAILED, REQUESTS_ENV, TIMEOUT_ENV, WORKERS_ENV, outcome
+from harness.load.locust import FAILED, REQUESTS_ENV, TIMEOUT_ENV, WORKERS_ENV, outcome
 
 _pool: list[dict] = []
 _sent = itertools.count()

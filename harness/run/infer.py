@@ -20,9 +20,11 @@ from engines.base import BeamResult, Bounds, EngineConfig, Request, Result
 from engines.registry import create_engine, engine_class
 from engines.validate import (MAX_BEAM_WIDTH, MAX_DECODE_STEPS, MAX_SAMPLES, CheckedBeam, CheckedPrefill, Limits,
                               RequestChecker)
-from harness.presets import resolve_model
-from harness.scenario import MAX_PROMPT_TOKENS, MAX_REQUEST_TOKENS
-from harness.workload import LineError, read_lines
+from harness.workload.presets import resolve_model
+from harness.scenario.fields import MAX_PROMPT_TOKENS, MAX_REQUEST_TOKENS
+from harness.workload.requests import LineError, read_lines
+from harness.run.preflight import model_facts
+from harness.workload.requests import load_tokenizer
 
 
 class InferInputError(ValueError):
@@ -99,8 +101,6 @@ def screen(lines: list[Line], checker: RequestChecker) -> Bounds:
 def infer_file(engine_name: str, model: str, input: Path, output: Path, *, dtype: str = "float32",
                device: str = "cpu", options: dict | None = None, log: Callable[[str], None] = print) -> tuple[int, int]:
     """-> (lines written, lines that are errors). Raises InferInputError when nothing can run."""
-    from harness.preflight import model_facts
-    from harness.workload import load_tokenizer
 
     options = options or {}
     try:

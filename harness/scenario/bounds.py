@@ -6,7 +6,9 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from engines.base import Bounds
-from harness.scenario import BeamTask, Scenario, TokenDist
+from harness.scenario.task import BeamTask
+from harness.scenario.schema import Scenario
+from harness.scenario.fields import TokenDist
 
 
 def _top(v: Any) -> int:
@@ -46,11 +48,6 @@ def bounds_for(base: Scenario, sized: Sequence[Scenario], swept: Sequence[str]) 
         if p not in ("beam_width", "decode_steps"):
             out[BOUND_OF[p]] = min(max(NEED[p](s) for s in sized), out[BOUND_OF[p]])
     return Bounds(**out, on_violation=b.on_violation)
-
-
-def scenario_bounds(scenario: Scenario) -> Bounds:
-    """Bounds of an unswept run of the scenario (bench serve, bench soak)."""
-    return bounds_for(scenario, [scenario], [])
 
 
 def scenario_bounds(scenario: Scenario) -> Bounds:

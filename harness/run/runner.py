@@ -1,6 +1,6 @@
 """One benchmark run: resolve the model, plan the sweep's cells (one cell without a sweep),
-then for each engine run every cell at every load point (`harness.engine_run`), and check
-the beams of every engine against the constrained reference. Outputs are written by
+then for each engine run every cell at every load point (`harness.run.engine_run`), and
+check the beams of every engine against the constrained reference. Outputs are written by
 `harness.report`."""
 from __future__ import annotations
 
@@ -8,19 +8,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from harness.engine_run import (CellWorkloads, EngineRun, PointRun, RunContext, attach_recall, drive, engine_config,
-                                run_engine)
-from harness.flops import ModelShape
-from harness.loadgen import no_progress
-from harness.loadmodes import LoadOverrides, load_mode
-from harness.metrics import P99_MIN_REQUESTS
-from harness.presets import resolve_model
-from harness.scenario import EngineSpec, Scenario, revalidated, select_engines
-from harness.sweep import Plan, plan_cells
-from harness.workload import load_tokenizer
-
-__all__ = ["EngineRun", "Overrides", "PointRun", "RunResult", "drive", "effective_load", "engine_config", "run_scenario",
-           "shortfalls"]
+from harness.device.peak import device_peaks
+from harness.load.loadgen import no_progress
+from harness.load.modes import LoadOverrides, load_mode
+from harness.measure.flops import model_shape
+from harness.measure.metrics import P99_MIN_REQUESTS
+from harness.run.engine_run import CellWorkloads, EngineRun, RunContext, attach_recall, run_engine
+from harness.run.sweep import Plan, plan_cells
+from harness.scenario.engines import select_engines
+from harness.scenario.errors import revalidated
+from harness.scenario.schema import Scenario
+from harness.workload.presets import resolve_model
+from harness.workload.requests import load_tokenizer
 
 
 @dataclass
@@ -57,7 +56,7 @@ class RunResult:
     scenario: Scenario
     model_dir: str
     device: str
-    peaks: Any  # harness.peak.Peaks: the rates per precision and the MFU denominator
+    peaks: Any  # harness.device.peak.Peaks: the rates per precision and the MFU denominator
     notes: list[str] = field(default_factory=list)
     engines: list[EngineRun] = field(default_factory=list)
     interrupted: bool = False
@@ -171,8 +170,6 @@ def run_scenario(scenario: Scenario, ov: Overrides, *, base_dir: Path | None = N
     plan = plan_cells(scenario, load, device, ov.sweep, note)
     model_dir = resolve_model(scenario.model, log)
     shape = model_shape(model_dir)
-    from harness.peak import device_peaks
-
     if ov.peak_tflops is None:
         log("measuring the device's peak rates per precision (cached after the first time) ...")
     peaks = device_peaks(device, override=ov.peak_tflops)
@@ -196,17 +193,3 @@ def run_scenario(scenario: Scenario, ov: Overrides, *, base_dir: Path | None = N
         log("interrupted: keeping what was measured")
     attach_recall(result.engines)
     return result
-
-
-def model_shape(model: str) -> ModelShape:
-    if Path(model).is_dir():
-        return ModelShape.from_dir(model)
-    from transformers import AutoConfig
-
-    try:
-        config = AutoConfig.from_pretrained(model)
-    except OSError as e:  # not cached and the hub out of reach (or no such model): say which field
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"field model: {model!r} is a hub id this machine cannot load ({reason}); "
-                         f"use a preset or a local model directory") from None
-    return ModelShape.from_config(config.to_dict())

@@ -13,16 +13,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from engines.base import Bounds, Description, EngineConfig, EngineDied, EngineUnavailable
+from engines.base import Bounds, Description, EngineDied, EngineUnavailable
 from engines.registry import create_engine
-from harness.flops import ModelShape
-from harness.loadgen import LoadPoint
-from harness.loadmodes import load_mode
-from harness.metrics import PointMetrics, summarise, warnings_for
-from harness.scenario import EngineSpec, Scenario, Slo
-from harness.bounds import scenario_bounds
-from harness.sweep import Cell, Plan
-from harness.workload import Shifted, Unconstrained, build_workload
+from harness.measure.flops import ModelShape
+from harness.measure.records import LoadPoint
+from harness.load.modes import load_mode
+from harness.measure.metrics import PointMetrics, summarise, warnings_for
+from harness.scenario.schema import EngineSpec
+from harness.scenario.load import Slo
+from harness.scenario.engines import engine_config
+from harness.run.sweep import Cell, Plan
+from harness.workload.requests import Shifted, Unconstrained, build_workload
+from harness.run.slo import run_search
 
 REFERENCE = "hf"  # the constrained reference of beam recall when it ran (DESIGN: the correctness reference)
 
@@ -101,13 +103,6 @@ class RunContext:
     log: Callable[[str], None] = print
     progress: Any = None
     slo: Slo | None = None  # search the max rate under it (--find-max-qps)
-
-
-def engine_config(scenario: Scenario, spec: EngineSpec, model_dir: str, device: str,
-                  bounds: Bounds | None = None) -> EngineConfig:
-    """An engine's config for the scenario, sized by `bounds` (default: the unswept scenario's)."""
-    return EngineConfig(Path(model_dir), spec.dtype or scenario.dtype, device, bounds or scenario_bounds(scenario),
-                        scenario.task.kind, spec.options)
 
 
 async def drive(engine, items, load, seed: int, progress, points: list[LoadPoint], first: int = 0,
@@ -241,8 +236,6 @@ def run_cell(er: EngineRun, engine, spec: EngineSpec, cell: Cell, ctx: RunContex
 
 
 def _search(er: EngineRun, engine, items, cell: Cell, ctx: RunContext, log) -> str:
-    from harness.slo import run_search
-
     sweep = [p.metrics for p in er.points if p.cell is cell]
     peak = ctx.peak if engine.computes else float("nan")
     where = f"{cell.label}: " if cell.label else ""

@@ -7,8 +7,8 @@ from typing import Sequence
 import numpy as np
 
 from engines.base import BeamRequest, BeamResult
-from harness.flops import ModelShape, request_flops
-from harness.loadgen import LoadPoint, RequestRecord
+from harness.measure.flops import ModelShape, request_flops
+from harness.measure.records import LoadPoint, RequestRecord
 
 # Fewest requests for which a P99 is a measurement rather than an estimate: MLPerf's
 # early-stopping rule at 99% confidence with no request over the bound.

@@ -18,9 +18,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from harness.loadgen import poisson_schedule, run_closed, run_poisson
-from harness.metrics import summarise
-from harness.workload import Shifted
+from harness.load.loadgen import poisson_schedule, run_closed, run_poisson
+from harness.measure.metrics import summarise
+from harness.workload.requests import Shifted
+from engines.registry import create_engine
+from harness.workload.presets import resolve_model
+from harness.scenario.engines import engine_config
+from harness.run.runner import model_shape
+from harness.scenario.schema import EngineSpec
+from harness.load.process import ServeProcess
+from harness.workload.requests import build_workload, load_tokenizer
 
 Log = Callable[[str], None]
 MAX_MINUTES = 24 * 60
@@ -127,13 +134,6 @@ async def soak_windows(client, items, start: int, rate: float, spec: SoakSpec, p
 
 def run_soak(scenario, scenario_path: Path, engine: str, spec: SoakSpec, serve_args: list[str] | None = None,
              log: Log = print) -> SoakResult:
-    from engines.registry import create_engine
-    from harness.presets import resolve_model
-    from harness.runner import engine_config, model_shape
-    from harness.scenario import EngineSpec
-    from harness.serve.process import ServeProcess
-    from harness.workload import build_workload, load_tokenizer
-
     model_dir = resolve_model(scenario.model, log)
     items = build_workload(scenario, load_tokenizer(model_dir), scenario_path.parent)
     with ServeProcess(scenario_path, engine, serve_args or []) as serve:
