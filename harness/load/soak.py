@@ -24,7 +24,7 @@ from harness.workload.requests import Shifted
 from engines.registry import create_engine
 from harness.workload.presets import resolve_model
 from harness.scenario.engines import engine_config
-from harness.run.runner import model_shape
+from harness.measure.flops import model_shape
 from harness.scenario.schema import EngineSpec
 from harness.load.process import ServeProcess
 from harness.workload.requests import build_workload, load_tokenizer

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from engines.base import BeamResult, Bounds, EngineConfig, Request, Result
+from engines.base import Bounds, EngineConfig, Request
 from engines.registry import create_engine, engine_class
 from engines.validate import (MAX_BEAM_WIDTH, MAX_DECODE_STEPS, MAX_SAMPLES, CheckedBeam, CheckedPrefill, Limits,
                               RequestChecker)
+from harness.report.outputs import result_line
 from harness.workload.presets import resolve_model
 from harness.scenario.fields import MAX_PROMPT_TOKENS, MAX_REQUEST_TOKENS
 from harness.workload.requests import LineError, read_lines
@@ -43,13 +44,6 @@ class Line:
         if self.error:
             return {"id": self.id, "line": self.number, "error": self.error}
         return {"id": self.id, **(self.answer or {})}
-
-
-def result_line(result: Result) -> dict[str, Any]:
-    if isinstance(result, BeamResult):
-        return {"id": result.id, "beams": [{"token_ids": b.token_ids, "text": b.text, "logprob": b.logprob}
-                                           for b in result.beams]}
-    return {"id": result.id, "scores": result.scores}
 
 
 def read_input(path: Path) -> list[Line]:
