@@ -84,7 +84,11 @@ def run(
                               on_engine_done=lambda r: write_all(r, folder, ctx))
     except (ValueError, OSError) as e:
         fail(str(e))
-    paths = write_all(result, folder, ctx)
+    _finish(result, write_all(result, folder, ctx), folder)
+
+
+def _finish(result, paths: list[Path], folder: Path) -> None:
+    """The summary, the warnings, what was written, and the exit code of `bench run`."""
     _print_summary(result)
     for w in result.warnings:
         console.print("[yellow]warning:[/yellow] " + escape(w), highlight=False)

@@ -42,7 +42,7 @@ def serve(
     gpus_per_replica: Optional[float] = typer.Option(None, help="With --ray: GPUs per replica (default 0)."),
 ) -> None:
     """Serve one engine over HTTP with SGLang's routes: /v1/score, /generate, /health, /metrics."""
-    from harness.serve.server import ServeOptions, bind, build_server, run as run_server
+    from harness.serve.server import ServeOptions
 
     if not 0 <= port <= 65535:
         fail(f"--port {port}: give 0..65535 (0 picks a free port)")
@@ -70,9 +70,16 @@ def serve(
         warn_not_loopback()
         return _serve_ray(sc, engine, opts, host, port, device, kv_options(option), replicas, autoscale, address,
                           cpus_per_replica, gpus_per_replica, log)
+    _serve_here(sc, engine, opts, host, port, device, kv_options(option), log, warn_not_loopback)
+
+
+def _serve_here(sc, engine, opts, host, port, device, engine_options, log, warn_not_loopback) -> None:
+    """`bench serve` without --ray: bind, start the engine, serve until interrupted."""
+    from harness.serve.server import bind, build_server, run as run_server
+
     try:
         sock = bind(host, port)
-        server = build_server(sc, engine, opts, device=device, engine_options=kv_options(option), log=log)
+        server = build_server(sc, engine, opts, device=device, engine_options=engine_options, log=log)
     except (UnknownEngine, EngineUnavailable, ValueError, OSError, OverflowError) as e:
         fail(str(e))
     except Exception as e:  # noqa: BLE001 - the engine's start broke: say so, without a traceback
