@@ -42,27 +42,18 @@ def serve(
     gpus_per_replica: Optional[float] = typer.Option(None, help="With --ray: GPUs per replica (default 0)."),
 ) -> None:
     """Serve one engine over HTTP with SGLang's routes: /v1/score, /generate, /health, /metrics."""
-    from harness.serve.server import ServeOptions
-
     if not 0 <= port <= 65535:
         fail(f"--port {port}: give 0..65535 (0 picks a free port)")
     log = lambda m: console.print(m, highlight=False, markup=False, soft_wrap=True)  # noqa: E731
-    ray_flags = {"--replicas": replicas, "--autoscale": autoscale, "--address": address,
-                 "--cpus-per-replica": cpus_per_replica, "--gpus-per-replica": gpus_per_replica}
-    if not ray and any(v is not None for v in ray_flags.values()):
-        fail(", ".join(k for k, v in ray_flags.items() if v is not None) + " only apply with --ray")
-    loopback = is_loopback(host)
-    named = [] if loopback or host in ("0.0.0.0", "::") else [f"[{host}]" if ":" in host else host]
-    try:
-        opts = ServeOptions(concurrency, max_queue, max_body_bytes, head_timeout_s=head_timeout,
-                            body_timeout_s=body_timeout, allowed_hosts=LOOPBACK_HOSTS + tuple(named + (allowed_host or [])))
-    except ValueError as e:
-        fail(str(e))
+    if not ray:
+        _refuse_ray_flags({"--replicas": replicas, "--autoscale": autoscale, "--address": address,
+                           "--cpus-per-replica": cpus_per_replica, "--gpus-per-replica": gpus_per_replica})
+    opts = _serve_options(host, concurrency, max_queue, max_body_bytes, head_timeout, body_timeout, allowed_host)
     sc = checked_scenario(scenario, engines=[engine], device=device, engine_options=kv_options(option),
-                   device_here=not (ray and address))
+                          device_here=not (ray and address))
 
     def warn_not_loopback() -> None:
-        if not loopback:
+        if not is_loopback(host):
             console.print(f"[yellow]warning:[/yellow] listening on {host}, not loopback; Host names served: "
                           f"{', '.join(opts.allowed_hosts)} (--allowed-host adds one)", highlight=False)
 
@@ -71,6 +62,26 @@ def serve(
         return _serve_ray(sc, engine, opts, host, port, device, kv_options(option), replicas, autoscale, address,
                           cpus_per_replica, gpus_per_replica, log)
     _serve_here(sc, engine, opts, host, port, device, kv_options(option), log, warn_not_loopback)
+
+
+def _refuse_ray_flags(flags: dict) -> None:
+    given = [k for k, v in flags.items() if v is not None]
+    if given:
+        fail(", ".join(given) + " only apply with --ray")
+
+
+def _serve_options(host, concurrency, max_queue, max_body_bytes, head_timeout, body_timeout, allowed_host):
+    """The server's options from the flags; Host names served: loopback ones, the bound host
+    when it is a name or address (not a wildcard), and each --allowed-host."""
+    from harness.serve.server import ServeOptions
+
+    named = [] if is_loopback(host) or host in ("0.0.0.0", "::") else [f"[{host}]" if ":" in host else host]
+    try:
+        return ServeOptions(concurrency, max_queue, max_body_bytes, head_timeout_s=head_timeout,
+                            body_timeout_s=body_timeout,
+                            allowed_hosts=LOOPBACK_HOSTS + tuple(named + (allowed_host or [])))
+    except ValueError as e:
+        fail(str(e))
 
 
 def _serve_here(sc, engine, opts, host, port, device, engine_options, log, warn_not_loopback) -> None:
@@ -91,7 +102,8 @@ def _serve_here(sc, engine, opts, host, port, device, engine_options, log, warn_
 
 def _serve_ray(sc, engine, options, host, port, device, engine_options, replicas, autoscale, address, cpus, gpus,
                log) -> None:
-    from harness.serve.replicas import RayMissing, RayOptions, parse_autoscale, serve_replicas
+    from harness.serve.ray_options import RayOptions, parse_autoscale
+    from harness.serve.replicas import RayMissing, serve_replicas
 
     if replicas is not None and autoscale is not None:
         fail("give --replicas N or --autoscale MIN:MAX, not both")

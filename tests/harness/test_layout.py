@@ -10,8 +10,6 @@ import pytest
 HARNESS = Path(__file__).resolve().parents[2] / "harness"
 MAX_MODULE_LINES, MAX_FUNCTION_LINES, MAX_LOCAL_IMPORTS = 350, 45, 15
 # top to bottom: a stage may import the stages after it, never those before it
-# not yet within the limits (issue 25 left open on them): strict xfail, so fixing one fails until it is removed here
-NOT_YET = {"serve/server.py": "402 lines", "serve/replicas.py": "392 lines", "cli/serve.py": "serve() is 54 lines"}
 STAGES = ["cli", "serve", "run", "load", "report", "device", "measure", "workload", "scenario", "strict_json"]
 
 
@@ -62,12 +60,7 @@ def test_every_module_is_in_a_stage():
             not in STAGES + ["__init__"]] == []
 
 
-def _sized(path: Path):
-    why = NOT_YET.get(str(path.relative_to(HARNESS)))
-    return pytest.param(path, marks=pytest.mark.xfail(strict=True, reason=why)) if why else path
-
-
-@pytest.mark.parametrize("path", [_sized(p) for p in modules()], ids=lambda p: str(p.relative_to(HARNESS)))
+@pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(HARNESS)))
 def test_module_and_function_sizes(path):
     assert len(path.read_text("utf-8").splitlines()) <= MAX_MODULE_LINES
     assert long_functions(parsed(path), MAX_FUNCTION_LINES) == []

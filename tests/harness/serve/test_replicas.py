@@ -21,8 +21,9 @@ from harness.cli import app
 from harness.run.infer import infer_file
 from harness.load.loadgen import run_closed
 from harness.load.process import ServeProcess
-from harness.serve.replicas import (CLUSTER_JOB_ENV, RayOptions, ReplicaFailed, deployment_options, parse_autoscale,
-                                    replica_runtime_env)
+from harness.serve.ray_options import (CLUSTER_JOB_ENV, RayOptions, deployment_options, parse_autoscale,
+                                       replica_runtime_env)
+from harness.serve.replicas import ReplicaFailed
 from harness.serve.server import ServeOptions
 
 # CI installs the dev extra, Ray included: there a missing Ray fails these tests instead of skipping them
@@ -82,7 +83,7 @@ def test_ray_options_are_checked():
 def test_an_address_nothing_answers_at_is_refused_in_seconds():
     import socket
 
-    from harness.serve.replicas import check_reachable
+    from harness.serve.ray_options import check_reachable
 
     with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
         s.bind(("127.0.0.1", 0))
