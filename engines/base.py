@@ -7,9 +7,9 @@ concurrently) through `submit`.
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 Sample = Union[str, Sequence[int]]
 Label = Union[str, int]
@@ -136,6 +136,76 @@ class EngineConfig:
     options: dict[str, Any] = field(default_factory=dict)  # engine-specific settings
 
 
+@dataclass(frozen=True)
+class Precision:
+    """What an engine's GEMMs compute in. `low_precision`: some GEMM group runs below float
+    (int8/fp8), so its effective MFU, counted at the float FLOPs against the float peak, may
+    pass 100 %. `gate_failed`: the accuracy gate found such a plan further from float32 than
+    bf16 and the plan was kept anyway."""
+
+    dtype: str  # the dtype the GEMMs compute in (may differ from the one asked for)
+    summary: str = ""  # in a few words, e.g. "bfloat16 + int8 [mlp]"; default: dtype
+    why: str = ""  # how `dtype` was chosen from the dtype asked for
+    low_precision: bool = False
+    gate_failed: bool = False
+
+    @property
+    def label(self) -> str:
+        """The precision as tables and reports print it."""
+        return (self.summary or self.dtype) + (" (accuracy gate: further from float32 than bf16, accepted)"
+                                               if self.gate_failed else "")
+
+
+@dataclass(frozen=True)
+class Description:
+    """What an engine says of itself, once started: the fields the harness reads (the runner's
+    MFU and emulation warnings, the summary table, the report, `bench doctor`), and `details`,
+    engine-specific settings recorded in run.json that the harness never reads."""
+
+    engine: str
+    device: str
+    dtype: str  # the dtype asked for (the scenario's)
+    precision: Precision
+    version: str | None = None
+    mode: str = ""  # how it serves, e.g. "aot + CUDA graphs", "eager (AOT failed)", "launch"
+    fallback: str | None = None  # why it serves otherwise than asked; None when it does as asked
+    cuda_graphs: str = "not used"  # "captured", "failed" or "not used"
+    plan: str = ""  # the plan it sized from its bounds, in a few words
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    def with_details(self, **more: Any) -> "Description":
+        return replace(self, details={**self.details, **more})
+
+    def to_dict(self) -> dict[str, Any]:
+        """For run.json and /server_info: the details, then the typed fields (the names the
+        report's `from_dict` reads back)."""
+        return {**self.details, "name": self.engine, "version": self.version, "device": self.device,
+                "dtype": self.dtype, "compute_dtype": self.precision.dtype, "precision": asdict(self.precision),
+                "mode": self.mode, "fallback": self.fallback, "cuda_graphs": self.cuda_graphs, "plan": self.plan}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Description":
+        """A description read back from run.json, this layout or the older one (a free-form
+        dict whose "precision" held the bounded engine's policy and its accuracy gate)."""
+        dtype = str(d.get("compute_dtype") or d.get("dtype") or "?")
+        p = d.get("precision") if isinstance(d.get("precision"), dict) else {}
+        if "low_precision" in p:
+            precision = Precision(**{k: p[k] for k in ("dtype", "summary", "why", "low_precision", "gate_failed")})
+        else:
+            gates = p.get("accuracy_gate")
+            failed = isinstance(gates, dict) and any(isinstance(v, dict) and not v.get("passed")
+                                                     for v in gates.values())
+            low = any(k not in ("dense", None) for k in (p.get("gemm") or {}).values())
+            precision = Precision(dtype, str(p.get("summary") or ""), str(p.get("why") or ""), low,
+                                  bool(p.get("summary")) and failed)
+        typed = {"name", "version", "device", "dtype", "compute_dtype", "precision", "mode", "fallback",
+                 "cuda_graphs", "plan"}
+        return cls(str(d.get("name") or "?"), str(d.get("device") or "?"), str(d.get("dtype") or "?"), precision,
+                   d.get("version"), str(d.get("mode") or ""), d.get("fallback"),
+                   str(d.get("cuda_graphs") or "not used"), str(d.get("plan") or ""),
+                   {k: v for k, v in d.items() if k not in typed})
+
+
 def as_samples(request: PrefillRequest) -> PrefillRequest:
     """A query request as plain samples: its concatenations (text joined, ids concatenated)."""
     if not request.has_query:
@@ -175,13 +245,11 @@ class Engine(abc.ABC):
         engine only checks requests against them) -> whether it did. Default: it cannot."""
         return False
 
-    def describe(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "dtype": self.config.dtype,
-            "device": self.config.device,
-            "options": dict(self.config.options),
-        }
+    def describe(self) -> Description:
+        """What the engine says of itself; by default: it computes in the dtype asked for."""
+        dtype = self.config.dtype
+        return Description(self.name, self.config.device, dtype, Precision(dtype),
+                           details={"options": dict(self.config.options)})
 
     @abc.abstractmethod
     async def submit(self, request: Request) -> Result: ...

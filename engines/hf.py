@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
-from engines.base import (Beam, BeamRequest, BeamResult, Engine, EngineUnavailable, PrefillRequest,
+from engines.base import (Beam, BeamRequest, BeamResult, Description, Engine, EngineUnavailable, PrefillRequest,
                           PrefillResult, Request, Result)
 from engines.tokens import eos_ids
 from engines.validate import Limits, RequestChecker
@@ -52,12 +52,12 @@ class HFEngine(Engine):
         if hasattr(self, "_pool"):
             self._pool.shutdown(wait=True)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> Description:
         import torch
         import transformers
 
-        return {**super().describe(), "version": transformers.__version__, "torch": torch.__version__,
-                "attention": "sdpa", "batching": "padded batch per business request"}
+        return replace(super().describe(), version=transformers.__version__).with_details(
+            torch=torch.__version__, attention="sdpa", batching="padded batch per business request")
 
     async def submit(self, request: Request) -> Result:
         loop = asyncio.get_running_loop()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from engines.base import Beam, BeamRequest, BeamResult, Engine, PrefillResult, Request, Result
+from engines.base import Beam, BeamRequest, BeamResult, Description, Engine, PrefillResult, Request, Result
 from engines.validate import Limits, RequestChecker
 
 
@@ -25,8 +25,8 @@ class NoopEngine(Engine):
         self.checker = RequestChecker(Limits.for_model(self.config.model_dir, bounds))
         return True
 
-    def describe(self) -> dict:
-        return {**super().describe(), "version": "1"}
+    def describe(self) -> Description:
+        return replace(super().describe(), version="1")
 
     async def submit(self, request: Request) -> Result:
         checked = self.checker.check(request)

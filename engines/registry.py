@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-from engines.base import Engine, EngineConfig, EngineUnavailable, PrefillRequest, Request, Result, as_samples
+from engines.base import Description, Engine, EngineConfig, EngineUnavailable, PrefillRequest, Request, Result, as_samples
 
 ENGINES: dict[str, str] = {
     "noop": "engines.noop:NoopEngine",
@@ -52,5 +52,5 @@ class QueryAsSamples:
             request = as_samples(request)
         return await self._engine.submit(request)
 
-    def describe(self) -> dict:
-        return {**self._engine.describe(), "query_requests": "scored as their concatenations"}
+    def describe(self) -> Description:
+        return self._engine.describe().with_details(query_requests="scored as their concatenations")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.presets import materialise
+from harness.workload.presets import materialise
 
 
 @pytest.fixture(scope="session")
@@ -23,6 +23,6 @@ def tiny_hd32_dir():
 
 @pytest.fixture(scope="session")
 def tokenizer(tiny_dir):
-    from harness.workload import load_tokenizer
+    from harness.workload.requests import load_tokenizer
 
     return load_tokenizer(str(tiny_dir))

@@ -34,7 +34,7 @@ def main() -> None:
 
     from engines.base import BeamRequest, Bounds, EngineConfig
     from engines.bounded.engine import BoundedEngine
-    from harness.presets import resolve_model
+    from harness.workload.presets import resolve_model
 
     model_dir = Path(resolve_model(args.model, log=print))
     bounds = Bounds(max_samples_per_request=1, max_prompt_tokens=args.max_prompt,
@@ -59,7 +59,7 @@ def main() -> None:
     try:
         for name, engine in engines.items():
             engine.start()
-            print(f"{name}: {engine.describe()['precision']['summary']}")
+            print(f"{name}: {engine.describe().precision.summary}")
         times = asyncio.run(run())
     finally:
         for engine in engines.values():

@@ -22,8 +22,8 @@ import torch
 
 from engines.base import BeamRequest, Bounds, EngineConfig
 from engines.bounded.engine import BoundedEngine
-from harness.flops import ModelShape, beam_flops
-from harness.presets import resolve_model
+from harness.measure.flops import ModelShape, beam_flops
+from harness.workload.presets import resolve_model
 
 
 def rss_mb() -> float:
@@ -55,7 +55,7 @@ def main() -> None:
     engine = BoundedEngine(EngineConfig(model_dir, args.dtype, "cpu", bounds, "beam_search",
                                         {"compile": args.compile}))
     engine.start()
-    print(f"started in {engine.start_s:.1f} s; beam: {engine.describe()['beam_search']['status']}")
+    print(f"started in {engine.start_s:.1f} s; beam: {engine.describe().details['beam_search']['status']}")
     rng = random.Random(0)
 
     async def round_(i: int) -> list:

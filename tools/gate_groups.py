@@ -17,7 +17,7 @@ from pathlib import Path
 
 from engines.base import Bounds, EngineConfig
 from engines.bounded.engine import BoundedEngine
-from harness.presets import resolve_model
+from harness.workload.presets import resolve_model
 
 BOUNDS = {"prefill_only": Bounds(max_samples_per_request=16, max_prompt_tokens=512),
           "beam_search": Bounds(max_samples_per_request=1, max_prompt_tokens=64, max_beam_width=100,

@@ -98,7 +98,7 @@ def prepare(out: Path, names: list[str], device: str) -> None:
 
 
 def compile_for(out: Path, model: str, names: list[str], device: str) -> None:
-    from harness.presets import resolve_model
+    from harness.workload.presets import resolve_model
 
     t0 = time.time()
     resolve_model(model, print)
@@ -163,7 +163,7 @@ def measure(out: Path, names: list[str], device: str, budget_s: float) -> int:
 
 
 def judge(name: str, run_dir: Path, rc: int) -> tuple[list[dict], list[str]]:
-    from harness.agreement import agreement
+    from harness.measure.agreement import agreement
     from harness.report.rundir import load_run
 
     run = load_run(run_dir)

@@ -20,8 +20,8 @@ import torch
 
 from engines.base import Bounds, EngineConfig, PrefillRequest
 from engines.registry import create_engine
-from harness.flops import ModelShape, request_flops
-from harness.presets import resolve_model
+from harness.measure.flops import ModelShape, request_flops
+from harness.workload.presets import resolve_model
 
 
 def matmul_peak(n: int = 4096, reps: int = 3) -> tuple[float, float]:

@@ -39,7 +39,7 @@ def main() -> None:
     from engines.base import Bounds, EngineConfig
     from engines.bounded.engine import BoundedEngine
     from engines.bounded.runtime.beam_batch import BeamJob
-    from harness.presets import resolve_model
+    from harness.workload.presets import resolve_model
 
     options = {"compile": "aot", "kernel_profile": True}  # its own packages: part of their key
     if args.int8:
@@ -61,7 +61,7 @@ def main() -> None:
         with torch.profiler.profile() as prof:
             for i in range(args.requests):
                 request(i)
-        print(f"{args.requests} requests, precision {engine.describe()['precision']['summary']}")
+        print(f"{args.requests} requests, precision {engine.describe().precision.summary}")
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows,
                                         max_name_column_width=70))
     finally:

@@ -26,8 +26,8 @@ from urllib.parse import urlparse
 
 import httpx
 
-from harness.scenario import load_scenario
-from harness.serve.process import ServeProcess
+from harness.scenario.files import load_scenario
+from harness.load.process import ServeProcess
 
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 

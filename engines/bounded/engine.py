@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 import engines.bounded as pkg
-from engines.base import Engine, EngineConfig, EngineError, EngineUnavailable, Request, RequestRejected, Result
+from engines.base import (Description, Engine, EngineConfig, EngineError, EngineUnavailable, Precision, Request,
+                          RequestRejected, Result)
 from engines.bounded.model.families import read_model_config
 from engines.bounded.model.precision import PrecisionPolicy, choose_dtype
 from engines.bounded.options import BoundedOptions, OptionError
@@ -142,19 +143,20 @@ class BoundedEngine(Engine):
         self._batchers = {}
         self._started = False
 
-    def describe(self) -> dict[str, Any]:
-        b = self.config.bounds
-        return {
-            "name": self.name,
-            "version": pkg.__version__,
+    def describe(self) -> Description:
+        b, p = self.config.bounds, self.plan
+        mode, fallback, graphs = self._mode()
+        failed = any(not v.get("passed") for v in self.gates.values())
+        precision = Precision(self.policy.dtype, self.policy.summary(), self.policy.why,
+                              bool(self.policy.low_precision_groups()), failed)
+        summary = {"prefill_only": f"prefill {p.prefill.max_tokens} tokens / {p.prefill.max_seqs} sequences per call",
+                   "beam_search": f"beams {p.beam.max_requests} x {p.beam.max_width} wide, {p.beam.max_steps} steps"}
+        return Description(self.name, self.config.device, self.config.dtype, precision, pkg.__version__, mode,
+                           fallback, graphs, "; ".join(summary[k] for k in self.tasks if k in summary), {
             "torch": torch.__version__,
-            "device": self.config.device,
-            "dtype": self.config.dtype,
-            "compute_dtype": self.policy.dtype,
-            "precision": {**self.policy.describe(), "accuracy_gate": dict(self.gates) or "not needed: no "
-                          "low-precision GEMM group"},
+            "precision_policy": {**self.policy.describe(), "accuracy_gate": dict(self.gates) or "not needed: no "
+                                 "low-precision GEMM group"},
             "compile_requested": self.options.compile,
-            **self._mode(),
             "bounds": {"max_samples_per_request": b.max_samples_per_request,
                        "max_prompt_tokens": b.max_prompt_tokens, "max_beam_width": b.max_beam_width,
                        "max_decode_steps": b.max_decode_steps, "max_query_tokens": b.max_query_tokens,
@@ -164,11 +166,12 @@ class BoundedEngine(Engine):
             **{kind: task.describe() for kind, task in self.tasks.items()},
             "stats": dict(self.stats),
             "options": dict(self.config.options),
-        }
+        })
 
-    def _mode(self) -> dict[str, Any]:
-        """How the engine serves, in one line for the summary table ("mode"), and why it
-        serves otherwise than asked ("fallback"), from its tasks' runtime status."""
+    def _mode(self) -> tuple[str, str | None, str]:
+        """How the engine serves, in one line for the summary table (mode), why it serves
+        otherwise than asked (fallback), and its CUDA graphs (captured, failed or not used),
+        from its tasks' runtime status."""
         statuses = {kind: task.runtime.status for kind, task in self.tasks.items()}
         used = sorted({s.get("compile", self.options.compile) for s in statuses.values()})
         reasons = [f"{kind}: {s['fallback_reason']}" for kind, s in statuses.items() if s.get("fallback_reason")]
@@ -177,11 +180,9 @@ class BoundedEngine(Engine):
         mode = "+".join(used)
         if self.options.compile == "aot" and "eager" in used:
             mode += " (AOT failed)"
-        if any(g.get("captured") for g in graphs):
-            mode += " + CUDA graphs"
-        elif graphs:
-            mode += " (CUDA graphs failed)"
-        return {"mode": mode, "fallback": "; ".join(reasons) or None}
+        captured = "captured" if any(g.get("captured") for g in graphs) else "failed" if graphs else "not used"
+        mode += {"captured": " + CUDA graphs", "failed": " (CUDA graphs failed)", "not used": ""}[captured]
+        return mode, "; ".join(reasons) or None, captured
 
     # --- serving ------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from engines.base import (Beam, BeamRequest, BeamResult, Engine, EngineConfig, EngineDied, EngineError,
+from engines.base import (Beam, BeamRequest, BeamResult, Description, Engine, EngineConfig, EngineDied, EngineError,
                           EngineUnavailable, PrefillRequest, PrefillResult, Request, RequestRejected, Result)
 from engines.server.process import LaunchSpec, LaunchedServer, free_port, split_args
 from engines.server.venv import ManagedVenv, cache_dir
@@ -220,9 +220,9 @@ class ServerEngine(Engine):
             self._server.stop()
             self._server = None
 
-    def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "url": self.url, "mode": "launch" if self.options.launches else "connect",
-                "per_sample": self.options.per_sample}
+    def describe(self) -> Description:
+        return replace(super().describe(), mode="launch" if self.options.launches else "connect").with_details(
+            url=self.url, per_sample=self.options.per_sample)
 
     # -- requests -------------------------------------------------------------------------
 

@@ -18,11 +18,12 @@ Options (EngineConfig.options):
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Sequence
 
 import httpx
 
-from engines.base import Beam, EngineUnavailable
+from engines.base import Beam, Description, EngineUnavailable
 from engines.server import ServerDied, ServerEngine, ServerOptions
 from engines.sglang import protocol
 from engines.sglang.env import SGLANG_VERSION, VENV, cpu_server_env
@@ -65,22 +66,22 @@ class SGLangEngine(ServerEngine):
                 return r.json()
         raise EngineUnavailable(f"SGLang server at {self.url} has no server-info route (HTTP {r.status_code})")
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> Description:
         info = self._server_info
         keys = ("model_path", "dtype", "device", "attention_backend", "max_total_tokens",
                 "max_running_requests", "chunked_prefill_size", "max_prefill_tokens", "page_size",
                 "schedule_policy", "disable_radix_cache", "disable_overlap_schedule", "tp_size",
                 "dp_size", "kv_cache_dtype", "sampling_backend", "enable_torch_compile",
                 "enable_mis", "multi_item_scoring_delimiter")
-        return {**super().describe(), "version": info.get("version"),
-                "radix_cache": _radix_cache(info, self.options.server_args),
-                "multi_item_scoring": _multi_item(info, self.options.server_args),
-                "server_settings": {k: info[k] for k in keys if k in info},
-                "launch_command": info.get("launch_command"),
-                # what `bench serve` says of itself: the engine behind it and (with --ray) the
-                # replica count and placement; a real SGLang has neither
-                **({"served_engine": info["engine"]} if isinstance(info.get("engine"), dict) else {}),
-                **({"deployment": info["deployment"]} if isinstance(info.get("deployment"), dict) else {})}
+        return replace(super().describe(), version=info.get("version")).with_details(
+            radix_cache=_radix_cache(info, self.options.server_args),
+            multi_item_scoring=_multi_item(info, self.options.server_args),
+            server_settings={k: info[k] for k in keys if k in info},
+            launch_command=info.get("launch_command"),
+            # what `bench serve` says of itself: the engine behind it and (with --ray) the
+            # replica count and placement; a real SGLang has neither
+            **({"served_engine": info["engine"]} if isinstance(info.get("engine"), dict) else {}),
+            **({"deployment": info["deployment"]} if isinstance(info.get("deployment"), dict) else {}))
 
     async def score(self, query: list[int], items: list[list[int]], labels: list[int]) -> list[list[float]]:
         payload = await self.post("/v1/score", protocol.score_body(query, items, labels))

@@ -33,13 +33,14 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
 import httpx
 from pydantic import Field
 
-from engines.base import Beam, EngineUnavailable, RequestRejected
+from engines.base import Beam, Description, EngineUnavailable, RequestRejected
 from engines.server import ServerEngine, ServerOptions
 from engines.vllm import protocol
 from engines.vllm.env import VENV, VLLM_VERSION
@@ -109,16 +110,16 @@ class VLLMEngine(ServerEngine):
         cache = _prometheus_info(metrics.text, "vllm:cache_config_info") if metrics.status_code == 200 else {}
         return {"version": version.json().get("version"), "model": models[0], "cache_config": cache}
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> Description:
         info = self._server_info
         model, cache = info.get("model") or {}, info.get("cache_config") or {}
         settings = {"model": model.get("id"), "max_model_len": model.get("max_model_len"),
                     **{k: cache[k] for k in ("block_size", "enable_prefix_caching", "cache_dtype",
                                               "kv_cache_memory_bytes", "num_gpu_blocks") if k in cache}}
         launched = self._server.spec if self._server else None
-        return {**super().describe(), "version": info.get("version"), "server_settings": settings,
-                "launch_command": " ".join(launched.command) if launched else None,
-                "launch_env": {k: v for k, v in launched.env.items() if k.startswith("VLLM_")} if launched else None}
+        return replace(super().describe(), version=info.get("version")).with_details(
+            server_settings=settings, launch_command=" ".join(launched.command) if launched else None,
+            launch_env={k: v for k, v in launched.env.items() if k.startswith("VLLM_")} if launched else None)
 
     async def score(self, query: list[int], items: list[list[int]], labels: list[int]) -> list[list[float]]:
         payload = await self.post("/v1/completions", protocol.score_body([query + i for i in items], labels))

@@ -17,7 +17,8 @@ from typing import Any, Sequence
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from harness.agreement import agreement
+from engines.base import Description
+from harness.measure.agreement import agreement
 from harness.report import plots
 from harness.report.rundir import RunFiles, load_run, stage_times
 
@@ -174,15 +175,8 @@ def figures(run: RunFiles) -> list[dict[str, str]]:
 
 
 def precision_label(describe: dict[str, Any]) -> str:
-    """An engine's precision in a few words, from its describe(): the bounded engine's policy
-    summary, else the dtype it computes in."""
-    p = describe.get("precision")
-    if isinstance(p, dict) and p.get("summary"):
-        gates = p.get("accuracy_gate")
-        failed = [v for v in gates.values() if isinstance(v, dict) and not v.get("passed")] \
-            if isinstance(gates, dict) else []
-        return str(p["summary"]) + (" (accuracy gate: further from float32 than bf16, accepted)" if failed else "")
-    return str(describe.get("compute_dtype") or describe.get("dtype") or "?")
+    """An engine's precision in a few words, from the description run.json recorded."""
+    return Description.from_dict(describe).precision.label
 
 
 def precisions(run: RunFiles) -> dict[str, str]:

@@ -9,9 +9,17 @@ import json
 from pathlib import Path
 from typing import Any
 
-from harness.infer import result_line
+from engines.base import BeamResult, Result
 
 Answers = dict[str, dict[str, dict[str, Any]]]  # engine -> request id -> answer line
+
+
+def result_line(result: Result) -> dict[str, Any]:
+    """One answer in the `bench infer` output format."""
+    if isinstance(result, BeamResult):
+        return {"id": result.id, "beams": [{"token_ids": b.token_ids, "text": b.text, "logprob": b.logprob}
+                                           for b in result.beams]}
+    return {"id": result.id, "scores": result.scores}
 
 
 def output_lines(result: Any) -> list[dict[str, Any]]:

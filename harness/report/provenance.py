@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import harness
-from harness.flops import FORMULA
+from harness.measure.flops import FORMULA
 from harness.report.tables import result_rows
 
 
@@ -55,7 +55,7 @@ def provenance(result: Any, context: dict) -> dict[str, Any]:
         "hardware": result.peaks.capabilities.facts(),
         "mfu_formula": FORMULA,
         "environment": environment(),
-        "engines": [{"name": er.name, "describe": er.describe, "start_s": er.start_s, "starts": er.starts,
+        "engines": [{"name": er.name, "describe": er.describe.to_dict() if er.describe else {}, "start_s": er.start_s, "starts": er.starts,
                      "skipped": er.skipped, "failed": er.failed, "unconstrained": not er.constrained,
                       "optional": er.optional}
                     for er in result.engines],

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from harness.metrics import record_tokens
+from harness.measure.metrics import record_tokens
 
 RESULT_COLUMNS = [
     "scenario", "engine", "cell", "load_mode", "load_value", "status", "reason", "requests", "ok", "errors",

@@ -1,4 +1,6 @@
-"""The HTTP side of the harness: `bench serve` (api.py: bodies and their translation;
-server.py: routes, admission, metrics; process.py: the server as a child process),
-`bench load` (load.py + locustfile.py: Locust against any SGLang-compatible server) and
-`bench soak` (soak.py)."""
+"""The serving stage, serving only. `bench serve`: server.py (routes, the serving loop) over
+engine.py (the engine from the scenario), api.py (bodies and their translation), guards.py
+(content type, body size and deadline, admission, disconnects), metrics.py (/metrics),
+deadline.py (slow request heads) and hosts.py (the loopback names). `bench serve --ray`:
+replicas.py (the same routes on Ray Serve) with ray_options.py (its options, checked before Ray
+starts). Load against a server lives in harness.load."""

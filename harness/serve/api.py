@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from engines.base import BeamRequest, BeamResult, Bounds, PrefillRequest, PrefillResult, RequestRejected
 from engines.validate import FieldNames, Limits, RequestChecker
 from harness import strict_json
-from harness.scenario import field_errors
+from harness.scenario.errors import field_errors
 
 
 class ApiError(Exception):

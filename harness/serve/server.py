@@ -5,6 +5,9 @@ Routes: `POST /v1/score`, `POST /generate` (bodies in `harness.serve.api`), `GET
 engine stage times, the engine's own counters such as batches, process memory),
 `GET /get_model_info`, `GET /server_info` (also `/get_server_info`, as SGLang has both).
 
+This module holds the routes and the serving loop; the engine comes from `harness.serve.engine`,
+the request's checks on its way in from `harness.serve.guards`, `/metrics` from `harness.serve.metrics`.
+
 Robustness, in the order a request meets it:
 - deadlines: a connection must send a whole request head within `head_timeout_s` (else a
   408 and the connection is closed, `harness.serve.deadline`), and the body within
@@ -27,21 +30,16 @@ Robustness, in the order a request meets it:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import os
-import re
 import signal
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client import ProcessCollector
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -50,16 +48,15 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from engines.base import Engine, EngineConfig, RequestRejected
-from engines.validate import Limits
+import harness
+from engines.base import Engine, RequestRejected
+from engines.registry import create_engine
 from harness.serve.api import ApiError, GenerateBody, ScoreBody, Translated, Translator, parse_body
 from harness.serve.deadline import with_head_timeout
-
-LATENCY_BUCKETS = (.001, .0025, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5, 10, 30, 60)
-SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-
-
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+from harness.serve.engine import engine_setup, public
+from harness.serve.guards import Admission, ClientGone, read_body, require_json, until_disconnect
+from harness.serve.hosts import LOOPBACK_HOSTS
+from harness.serve.metrics import ServerMetrics
 
 
 @dataclass(frozen=True)
@@ -81,130 +78,6 @@ class ServeOptions:
                 raise ValueError(f"{name} must be a positive number of seconds")
         if not self.allowed_hosts:
             raise ValueError("allowed_hosts: give at least one host name (or '*')")
-
-
-class Admission:
-    """A bounded queue in front of the engine: `concurrency` slots and `max_queue` waiters."""
-
-    def __init__(self, concurrency: int, max_queue: int):
-        self.concurrency, self.max_queue = concurrency, max_queue
-        self._slots = asyncio.Semaphore(concurrency)
-        self.waiting = 0
-        self.running = 0
-
-    @contextlib.asynccontextmanager
-    async def slot(self):
-        if self.running + self.waiting >= self.concurrency + self.max_queue:
-            raise ApiError(429, f"server busy: {self.running} running and {self.waiting} queued "
-                                f"(queue bound {self.max_queue}); retry later")
-        self.waiting += 1
-        try:
-            await self._slots.acquire()
-        finally:
-            self.waiting -= 1
-        self.running += 1
-        try:
-            yield
-        finally:
-            self.running -= 1
-            self._slots.release()
-
-
-class ServerMetrics:
-    """Prometheus metrics in a registry of their own (several apps may share a process)."""
-
-    def __init__(self, admission: Admission, engine: Engine):
-        self.registry = r = CollectorRegistry()
-        ProcessCollector(registry=r)
-        r.register(_EngineStats(engine))
-        self.requests = Counter("bench_requests", "Requests answered, by route and HTTP status",
-                                ["route", "code"], registry=r)
-        self.latency = Histogram("bench_request_latency_seconds", "Time to answer a successful request",
-                                 ["route"], buckets=LATENCY_BUCKETS, registry=r)
-        self.samples = Histogram("bench_request_samples", "Samples (or beams) per successful request",
-                                 ["route"], buckets=SIZE_BUCKETS, registry=r)
-        self.stage = Histogram("bench_engine_stage_seconds", "Per-stage times the engine reports",
-                               ["stage"], buckets=LATENCY_BUCKETS, registry=r)
-        Gauge("bench_queue_depth", "Requests waiting for an engine slot",
-              registry=r).set_function(lambda: admission.waiting)
-        Gauge("bench_in_flight", "Requests inside the engine", registry=r).set_function(lambda: admission.running)
-
-    def answered(self, route: str, code: int, seconds: float, t: Translated | None, result: Any) -> None:
-        self.requests.labels(route, str(code)).inc()
-        if code != 200 or t is None:
-            return
-        self.latency.labels(route).observe(seconds)
-        req = t.request
-        self.samples.labels(route).observe(req.num_samples if route == "/v1/score" else req.beam_width)
-        for name, ms in (getattr(result, "stages", None) or {}).items():
-            self.stage.labels(name).observe(ms / 1e3)
-
-
-class _EngineStats:
-    """Numbers an engine keeps in a `stats` dict (the bounded engine: requests, batches,
-    largest_batch; mean batch size = requests / batches), read at each scrape."""
-
-    def __init__(self, engine: Engine):
-        self.engine = engine
-
-    def collect(self):
-        fam = GaugeMetricFamily("bench_engine_stat", "Counters the engine reports about itself", labels=["name"])
-        for name, value in (getattr(self.engine, "stats", None) or {}).items():
-            if isinstance(value, (int, float)):
-                fam.add_metric([name], float(value))
-        yield fam
-
-
-class ClientGone(Exception):
-    pass
-
-
-async def until_disconnect(receive: Callable[[], Awaitable[dict]], work: Awaitable[Any]) -> Any:
-    """Await `work`; if the client disconnects first, cancel it and raise ClientGone. Call
-    after the body has been read: the server's `receive` then only reports the disconnect."""
-
-    async def gone() -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-
-    task, watch = asyncio.ensure_future(work), asyncio.ensure_future(gone())
-    try:
-        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        task.cancel()
-        watch.cancel()
-        raise
-    watch.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(BaseException):
-        await task
-    raise ClientGone()
-
-
-def require_json(request: Request) -> None:
-    kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
-    if kind != "application/json":
-        raise ApiError(415, f"content-type {kind or '(none)'} is not served: send the body as application/json")
-
-
-async def read_body(request: Request, limit: int, timeout_s: float | None = None) -> bytes:
-    """The body, whole, within `limit` bytes (else 413) and `timeout_s` seconds (else 408)."""
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, f"body of {declared} bytes is over the limit of {limit} bytes")
-    chunks, size = [], 0
-    try:
-        async with asyncio.timeout(timeout_s):
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise ApiError(413, f"body is over the limit of {limit} bytes")
-                chunks.append(chunk)
-    except TimeoutError:
-        raise ApiError(408, f"the body did not arrive within {timeout_s:g} s ({size} bytes came)") from None
-    return b"".join(chunks)
 
 
 class Server:
@@ -298,77 +171,18 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-@dataclass(frozen=True)
-class EngineSetup:
-    """What serving one engine for a scenario needs before the engine starts."""
-
-    name: str
-    config: EngineConfig
-    translator: Translator
-
-
-def engine_setup(scenario, engine_name: str, *, device: str | None = None, engine_options: dict | None = None,
-                 log: Callable[[str], None] = print) -> EngineSetup:
-    """Resolve the scenario's model; the engine's config (the scenario's bounds) and the body translator."""
-    from harness.presets import resolve_model
-    from harness.runner import engine_config
-    from harness.scenario import BeamTask, EngineSpec
-    from harness.workload import item_codes, load_tokenizer
-
-    model_dir = resolve_model(scenario.model, log)
-    spec = serving_spec(scenario, engine_name)
-    if engine_options:
-        spec = EngineSpec(**{**spec.model_dump(exclude_none=True), **engine_options})  # its label, dtype kept
-    cfg = engine_config(scenario, spec, model_dir, device or scenario.device)
-    tokenizer = load_tokenizer(model_dir)
-    task, allowed = scenario.task, None
-    if isinstance(task, BeamTask) and task.item_codes is not None:
-        c = task.item_codes
-        allowed = item_codes(tokenizer, c.count, c.length, c.seed)
-    limits = Limits.for_model(model_dir, cfg.bounds)
-    translator = Translator(tokenizer, limits.vocab or len(tokenizer), cfg.bounds, allowed, _public(scenario.model),
-                            limits.max_positions, limits.eos)
-    return EngineSetup(spec.name, cfg, translator)
-
-
-def serving_spec(scenario, engine: str):
-    """The scenario's entry `engine` names: the one so labelled, else the first of that engine
-    (its plain entry, e.g. `bounded` rather than `{name: bounded, label: bounded-noshare}`)."""
-    from harness.scenario import EngineSpec
-
-    found = [s for s in scenario.engines if s.title == engine] + [s for s in scenario.engines if s.name == engine]
-    return found[0] if found else EngineSpec(name=engine)
-
-
 def build_server(scenario, engine_name: str, options: ServeOptions, *, device: str | None = None,
                  engine_options: dict | None = None, log: Callable[[str], None] = print) -> Server:
     """Resolve the scenario's model, start the engine with the scenario's bounds, and wrap it."""
-    import harness
-    from engines.registry import create_engine
 
     setup = engine_setup(scenario, engine_name, device=device, engine_options=engine_options, log=log)
     cfg = setup.config
     engine = create_engine(setup.name, cfg)
     log(f"starting engine {engine_name} on {cfg.device} ...")
     engine.start()
-    info = {"version": f"bench-serve {harness.__version__}", "engine": engine.describe(), "model": scenario.model,
+    info = {"version": f"bench-serve {harness.__version__}", "engine": engine.describe().to_dict(), "model": scenario.model,
             "scenario": scenario.name, "bounds": cfg.bounds.__dict__, "serve": options.__dict__}
-    return Server(engine, setup.translator, options, _public(info))
-
-
-_ABSOLUTE = re.compile(r"(?<![\w.:/~-])(?:/|~/)(?:[^\s/'\"]+/)*([^\s/'\"]*)")
-
-
-def _public(value: Any) -> Any:
-    """`value` with every absolute filesystem path cut to its last part (".../name"): the
-    public routes should not tell a caller how the server's disks are laid out."""
-    if isinstance(value, str):
-        return _ABSOLUTE.sub(lambda m: ".../" + m.group(1), value)
-    if isinstance(value, dict):
-        return {k: _public(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_public(v) for v in value)
-    return value
+    return Server(engine, setup.translator, options, public(info))
 
 
 def run(server: Server, sock: socket.socket, on_ready: Callable[[], None] = lambda: None) -> None:

@@ -22,7 +22,7 @@ def test_an_engine_without_query_support_gets_the_concatenations(tiny_dir, monke
     assert len(res.scores) == 2 and seen[0].samples == [" is it a", " is it b c"] and not seen[0].has_query
     asyncio.run(engine.submit(PrefillRequest.with_query("i", [1, 2], [[3], [4]], [1, 2])))
     assert seen[1].samples == [[1, 2, 3], [1, 2, 4]]
-    assert engine.describe()["query_requests"] == "scored as their concatenations"
+    assert engine.describe().details["query_requests"] == "scored as their concatenations"
     assert engine.name == "slow" and engine.computes
     with pytest.raises(RequestRejected, match="all text or all token ids"):
         asyncio.run(engine.submit(PrefillRequest.with_query("m", [1, 2], [" x"], [1, 2])))

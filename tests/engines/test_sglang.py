@@ -63,7 +63,7 @@ def reference_scores(ref, tokenizer, samples, labels):
 
 
 def test_describe_reports_the_server(server):
-    d = server.describe()
+    d = server.describe().to_dict()  # as run.json records it
     assert d["version"] == "0.5.23" and d["mode"] == "launch"
     assert d["server_settings"]["device"] == "cpu" and d["server_settings"]["dtype"] == "float32"
     assert d["server_settings"]["attention_backend"] == "torch_native"
@@ -100,7 +100,7 @@ def test_query_and_items_score_like_the_concatenations(server, ref, tokenizer):
     want = reference_scores(ref, tokenizer, [ids + [11, 22], ids + [33]], LABELS)
     for got, exp in zip(res.scores, want, strict=True):
         assert got == pytest.approx(exp, abs=2e-2)
-    assert server.describe()["radix_cache"] == "on" and server.describe()["multi_item_scoring"] == "off"
+    assert server.describe().details["radix_cache"] == "on" and server.describe().details["multi_item_scoring"] == "off"
 
 
 def hf_beams(ref, prompt, width, steps):

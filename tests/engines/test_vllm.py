@@ -66,7 +66,7 @@ def reference_scores(ref, tokenizer, samples, labels):
 
 
 def test_describe_reports_the_server(server):
-    d = server.describe()
+    d = server.describe().to_dict()  # as run.json records it
     assert d["version"] == "0.32.0" and d["mode"] == "launch"
     assert "--dtype float32" in d["launch_command"] and "--max-logprobs 20" in d["launch_command"]
     assert d["launch_env"]["VLLM_CPU_OMP_THREADS_BIND"]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 from engines.base import Engine, EngineError, PrefillResult, RequestRejected
 
@@ -96,8 +97,8 @@ class FallbackEngine(Engine):
         pass
 
     def describe(self):
-        return {**super().describe(), "mode": "eager (AOT failed)",
-                "fallback": "prefill_only: ToolchainMissing: AOT toolchain for cuda: CUDA headers missing"}
+        return replace(super().describe(), mode="eager (AOT failed)",
+                       fallback="prefill_only: ToolchainMissing: AOT toolchain for cuda: CUDA headers missing")
 
     async def submit(self, request):
         return PrefillResult(request.id, [[0.5, 0.5]] * len(request.samples))

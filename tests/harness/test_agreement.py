@@ -1,7 +1,7 @@
 """Agreement between engines' answers, against hand-computed values."""
 import math
 
-from harness.agreement import agreement, beam_overlap
+from harness.measure.agreement import agreement, beam_overlap
 
 
 def _beams(*seqs, lp=None):

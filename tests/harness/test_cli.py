@@ -68,8 +68,8 @@ def test_infer_prefill_and_beam(tmp_path):
 
 
 def test_infer_query_requests_answer_like_their_concatenations(tmp_path):
-    from harness.workload import load_tokenizer
-    from harness.presets import materialise
+    from harness.workload.requests import load_tokenizer
+    from harness.workload.presets import materialise
 
     tok = load_tokenizer(str(materialise("tiny")))
     query, items = " is this about cats:", [" a cat", " the weather today", " kittens"]
@@ -118,9 +118,9 @@ def test_run_query_scenario_counts_the_concatenations(tmp_path):
     reqs = [r for r in csv.DictReader(open(out / "requests.csv")) if r["engine"] == "hf"]
     run = json.loads((out / "run.json").read_text())
     assert "full concatenation query + item_i" in run["mfu_formula"]
-    from harness.scenario import load_scenario
-    from harness.workload import build_workload, load_tokenizer
-    from harness.presets import materialise
+    from harness.scenario.files import load_scenario
+    from harness.workload.requests import build_workload, load_tokenizer
+    from harness.workload.presets import materialise
 
     wl = build_workload(load_scenario(SCENARIOS / "smoke_relevance.yaml"), load_tokenizer(str(materialise("tiny"))))
     first = wl[0]
@@ -181,7 +181,7 @@ def test_summary_shows_an_engine_that_fell_back(tmp_path, monkeypatch):
 
 
 def test_run_on_a_cpu_without_native_bf16_uses_the_fp32_peak_and_warns(tmp_path, monkeypatch):
-    import harness.peak as peak
+    import harness.device.peak as peak
     from tests.engines.test_hardware import ICE_LAKE
     from tests.harness.test_peak import ICE_LAKE_RATES
 
@@ -206,8 +206,8 @@ def test_run_on_a_cpu_without_native_bf16_uses_the_fp32_peak_and_warns(tmp_path,
 
 
 def test_doctor_lists_isa_flags_and_rates(tmp_path, monkeypatch):
-    from harness.doctor import device_lines
-    from harness.peak import cpu_peaks
+    from harness.device.doctor import device_lines
+    from harness.device.peak import cpu_peaks
     from tests.engines.test_hardware import ICE_LAKE, ZEN4
     from tests.harness.test_peak import ICE_LAKE_RATES
 
@@ -291,7 +291,7 @@ def test_seed_scenarios_run_without_server_engines():
     """The README's main job exits 0 on a machine without SGLang/vLLM environments: every
     seed entry of a launched server engine is optional (an entry with a url is not: someone
     started that server on purpose)."""
-    from harness.scenario import load_scenario
+    from harness.scenario.files import load_scenario
 
     seen = 0
     for path in sorted(SCENARIOS.glob("*.yaml")):

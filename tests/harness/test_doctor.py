@@ -2,7 +2,7 @@
 found or missing."""
 from __future__ import annotations
 
-from harness.doctor import toolchain_lines
+from harness.device.doctor import toolchain_lines
 
 
 def test_doctor_names_each_toolchain_check():

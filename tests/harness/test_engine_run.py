@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 import engines.registry as reg
 from harness.cli import app
-from harness.runner import Overrides, run_scenario, shortfalls
-from harness.scenario import parse_scenario
+from harness.run.runner import Overrides, run_scenario, shortfalls
+from harness.scenario.files import parse_scenario
 from tests.harness.engines_for_tests import PickyBeamEngine
 
 LOAD = {"mode": "closed", "concurrency": [1, 2], "requests": 3, "warmup_requests": 1}
@@ -126,12 +126,12 @@ def test_unconstrained_engines_get_no_codes_and_recall_is_against_the_constraine
 
 def test_recall_counts_the_reference_beams_returned(picky):
     from engines.base import Beam, BeamResult
-    from harness.engine_run import EngineRun, PointRun, attach_recall
-    from harness.loadgen import LoadPoint, RequestRecord
-    from harness.metrics import summarise
-    from harness.slo import UNIT_SHAPE
-    from harness.sweep import plan_cells
-    from harness.workload import WorkItem
+    from harness.run.engine_run import EngineRun, PointRun, attach_recall
+    from harness.measure.records import LoadPoint, RequestRecord
+    from harness.measure.metrics import summarise
+    from harness.run.slo import UNIT_SHAPE
+    from harness.run.sweep import plan_cells
+    from harness.workload.requests import WorkItem
 
     sc = _scenario()
     cell = plan_cells(sc, sc.load, "cpu").cells[0]

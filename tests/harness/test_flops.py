@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from harness.flops import ModelShape, beam_flops, prefill_flops
-from harness.presets import PRESETS
+from harness.measure.flops import ModelShape, beam_flops, prefill_flops
+from harness.workload.presets import PRESETS
 
 
 def test_hand_count_one_config():

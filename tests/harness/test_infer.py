@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from engines.base import Bounds
 from harness.cli import app
-from harness.infer import caps_checker, infer_file, read_input, screen
+from harness.run.infer import caps_checker, infer_file, read_input, screen
 
 GOOD = [
     {"id": "p", "kind": "prefill_only", "samples": [" hello there", [5, 6, 7]], "labels": [" yes", " no"]},

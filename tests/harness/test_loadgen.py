@@ -3,8 +3,8 @@ import asyncio
 import numpy as np
 
 from engines.base import EngineConfig, PrefillRequest
-from harness.loadgen import poisson_schedule, run_closed, run_poisson
-from harness.workload import WorkItem
+from harness.load.loadgen import poisson_schedule, run_closed, run_poisson
+from harness.workload.requests import WorkItem
 from tests.harness.engines_for_tests import FlakyEngine, SlowEngine
 
 

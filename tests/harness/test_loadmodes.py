@@ -7,11 +7,12 @@ import pytest
 
 from engines.base import EngineConfig, PrefillRequest
 from engines.noop import NoopEngine
-from harness.loadgen import LoadPoint, no_progress, poisson_schedule
-from harness.loadmodes import LOAD_MODES, LoadOverrides, UnknownLoadMode, load_mode
-from harness.runner import drive
-from harness.scenario import ClosedLoad, PoissonLoad
-from harness.workload import WorkItem
+from harness.measure.records import LoadPoint
+from harness.load.loadgen import no_progress, poisson_schedule
+from harness.load.modes import LOAD_MODES, LoadOverrides, UnknownLoadMode, load_mode
+from harness.run.engine_run import drive
+from harness.scenario.load import ClosedLoad, PoissonLoad
+from harness.workload.requests import WorkItem
 
 CLOSED = ClosedLoad(mode="closed", concurrency=[1, 3], requests=4, warmup_requests=2)
 POISSON = PoissonLoad(mode="poisson", rate=[50.0, 100.0], requests=6, warmup_s=0.05)
@@ -77,7 +78,7 @@ class BurstMode:
         return int(value)
 
     async def drive(self, engine, items, load, value, seed, tick, out):
-        from harness.loadgen import run_closed
+        from harness.load.loadgen import run_closed
 
         return await run_closed(engine, items, int(value), int(value), 0, 5.0, tick, out)
 

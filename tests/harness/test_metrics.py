@@ -3,10 +3,10 @@ import math
 import pytest
 
 from engines.base import BeamRequest, PrefillRequest
-from harness.flops import ModelShape, beam_flops, prefill_flops
-from harness.loadgen import LoadPoint, RequestRecord
-from harness.metrics import P99_MIN_REQUESTS, latency_summary, summarise
-from harness.workload import WorkItem
+from harness.measure.flops import ModelShape, beam_flops, prefill_flops
+from harness.measure.records import LoadPoint, RequestRecord
+from harness.measure.metrics import P99_MIN_REQUESTS, latency_summary, summarise
+from harness.workload.requests import WorkItem
 
 SHAPE = ModelShape(layers=2, hidden=8, heads=2, kv_heads=1, head_dim=4, intermediate=16, vocab=100)
 

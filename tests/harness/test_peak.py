@@ -5,9 +5,9 @@ import json
 import pytest
 import torch
 
-import harness.peak as peak
+import harness.device.peak as peak
 from engines.hardware import Capabilities
-from harness.peak import Peaks, cpu_peaks, device_peaks, gpu_rates
+from harness.device.peak import Peaks, cpu_peaks, device_peaks, gpu_rates
 from tests.engines.test_hardware import ICE_LAKE, ZEN4
 
 # rates (TFLOP/s) as DESIGN.md 7 measured them on the two CPUs of this kind of machine

@@ -12,9 +12,10 @@ import yaml
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.preflight import check_scenario
-from harness.runner import Overrides
-from harness.scenario import ScenarioError, load_scenario
+from harness.run.preflight import check_scenario
+from harness.run.runner import Overrides
+from harness.scenario.errors import ScenarioError
+from harness.scenario.files import load_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 PREFILL = yaml.safe_load((SCENARIOS / "smoke_prefill.yaml").read_text())

@@ -2,8 +2,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.runner import Overrides, effective_load
-from harness.scenario import load_scenario
+from engines.base import Description, Precision
+from harness.run.runner import Overrides, effective_load
+from harness.scenario.files import load_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 
@@ -32,9 +33,9 @@ def test_load_points_never_repeat_a_request(tokenizer):
 
     from engines.base import EngineConfig
     from engines.noop import NoopEngine
-    from harness.loadgen import no_progress
-    from harness.runner import drive
-    from harness.workload import build_workload
+    from harness.load.loadgen import no_progress
+    from harness.run.engine_run import drive
+    from harness.workload.requests import build_workload
 
     sc = load_scenario(SCENARIOS / "smoke_prefill.yaml")  # closed loop, concurrency [1, 2]
     load = effective_load(sc, Overrides(requests=5), "cpu", lambda m: None)
@@ -46,7 +47,8 @@ def test_load_points_never_repeat_a_request(tokenizer):
 
 
 def _run_with(peaks, describes):
-    from harness.runner import EngineRun, RunResult
+    from harness.run.engine_run import EngineRun
+    from harness.run.runner import RunResult
 
     sc = load_scenario(SCENARIOS / "smoke_prefill.yaml")
     result = RunResult(sc, "m", "cpu", peaks)
@@ -56,13 +58,14 @@ def _run_with(peaks, describes):
 
 
 def test_engines_computing_in_an_emulated_dtype_are_warned_about(tmp_path, monkeypatch):
-    from harness.peak import cpu_peaks
+    from harness.device.peak import cpu_peaks
     from tests.engines.test_hardware import ICE_LAKE, ZEN4
     from tests.harness.test_peak import ICE_LAKE_RATES, ZEN4_RATES
 
     monkeypatch.setenv("BOUNDED_BENCH_CACHE", str(tmp_path))
-    engines = {"hf": {"dtype": "bfloat16"}, "bounded": {"dtype": "bfloat16", "compute_dtype": "float32"},
-               "noop": {"dtype": "bfloat16"}, "fp32": {"dtype": "float32"}}
+    described = lambda dtype, computes: Description("x", "cpu", dtype, Precision(computes))  # noqa: E731
+    engines = {"hf": described("bfloat16", "bfloat16"), "bounded": described("bfloat16", "float32"),
+               "noop": described("bfloat16", "bfloat16"), "fp32": described("float32", "float32")}
     ice = _run_with(cpu_peaks(ICE_LAKE, measure=lambda c: ICE_LAKE_RATES), engines)
     assert ice.peak_tflops == 0.32
     warned = [w for w in ice.warnings if "emulates" in w]
@@ -72,7 +75,7 @@ def test_engines_computing_in_an_emulated_dtype_are_warned_about(tmp_path, monke
 
 
 def test_an_mfu_over_100_percent_says_the_peak_is_wrong():
-    from harness.runner import run_scenario
+    from harness.run.runner import run_scenario
 
     sc = load_scenario(SCENARIOS / "smoke_prefill.yaml")
     load = {"engines": ["hf"], "requests": 2, "concurrency": [1]}
@@ -87,8 +90,8 @@ def test_a_query_shared_by_its_items_may_pass_100_percent_by_the_workloads_bound
     """Effective FLOPs count each item's whole concatenation; an engine computing the query
     once does q + n i tokens' work instead of n (q + i): that ratio, at its largest, is how
     far past 100 % effective MFU goes before the peak is judged wrong."""
-    from harness.runner import sharing_bound
-    from harness.scenario import Workload
+    from harness.run.runner import sharing_bound
+    from harness.scenario.task import Workload
 
     assert sharing_bound(load_scenario(SCENARIOS / "prefill_15.yaml").workload) == 1.0
     # relevance_15: queries up to 48 tokens, items from 32, 15 items: 15 * 80 / (48 + 15 * 32)
@@ -102,7 +105,7 @@ def test_a_hub_id_this_machine_cannot_load_names_the_field(monkeypatch):
     import pytest
     import transformers
 
-    from harness.runner import model_shape
+    from harness.measure.flops import model_shape
 
     def offline(*_a, **_k):
         raise OSError("We couldn't connect to 'https://huggingface.co' to load the files.\nCheck your connection.")
@@ -119,11 +122,10 @@ def test_an_int8_plan_over_100_percent_does_not_blame_the_peak():
     """int8/fp8 work counts at the float FLOPs against the float peak, so it may pass 100 %."""
     from types import SimpleNamespace
 
-    from harness.runner import EngineRun, RunResult, low_precision
+    from harness.run.engine_run import EngineRun
+    from harness.run.runner import RunResult
 
-    int8 = {"precision": {"gemm": {"qkv": "dense", "down": "int8"}}}
-    assert low_precision(int8) and not low_precision({"precision": {"gemm": {"qkv": "dense"}}})
-    assert not low_precision({"dtype": "bfloat16"})
+    int8 = Description("bounded", "cpu", "bfloat16", Precision("bfloat16", "bfloat16 + int8 [down]", low_precision=True))
     sc = load_scenario(SCENARIOS / "smoke_prefill.yaml")
     peaks = SimpleNamespace(mfu_tflops=0.4, why=lambda: "measured", emulated=lambda d: None)
     point = lambda: SimpleNamespace(metrics=SimpleNamespace(mfu=1.13, ok=5, p99_estimate=False))  # noqa: E731
@@ -132,7 +134,7 @@ def test_an_int8_plan_over_100_percent_does_not_blame_the_peak():
     result.engines[-1].points = [point()]
     result.engines[-1].warnings = lambda: []  # the per-point warnings are not what is tested
     assert not [w for w in result.warnings if "effective MFU up to" in w]
-    result.engines.append(EngineRun("bounded", describe={"precision": {"gemm": {"qkv": "dense"}}}))
+    result.engines.append(EngineRun("bounded", describe=Description("bounded", "cpu", "bfloat16", Precision("bfloat16"))))
     result.engines[-1].points = [point()]
     result.engines[-1].warnings = lambda: []
     assert [w for w in result.warnings if "effective MFU up to" in w]

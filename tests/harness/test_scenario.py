@@ -5,7 +5,9 @@ import yaml
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.scenario import ClosedLoad, PoissonLoad, ScenarioError, load_scenario
+from harness.scenario.load import ClosedLoad, PoissonLoad
+from harness.scenario.errors import ScenarioError
+from harness.scenario.files import load_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 
@@ -101,7 +103,7 @@ def test_one_engine_twice_needs_labels(tmp_path):
 
 
 def test_engine_flag_takes_every_entry_of_that_name_or_label(tmp_path):
-    from harness.scenario import select_engines as chosen_specs
+    from harness.scenario.engines import select_engines as chosen_specs
 
     data = _good()
     data["engines"] = ["bounded", {"name": "bounded", "label": "bounded-noshare", "share_query": False}, "hf"]

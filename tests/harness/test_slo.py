@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 
 from engines.base import EngineConfig, PrefillRequest
-from harness.loadgen import LoadPoint, RequestRecord, poisson_schedule, run_closed
-from harness.metrics import latency_summary, summarise
-from harness.scenario import Slo
-from harness.slo import UNIT_SHAPE, MAX_PROBES, ProbeLoad, find_max_qps, search_max_rate, unreachable, verdict
-from harness.workload import WorkItem
+from harness.measure.records import LoadPoint, RequestRecord
+from harness.load.loadgen import poisson_schedule, run_closed
+from harness.measure.metrics import latency_summary, summarise
+from harness.scenario.load import Slo
+from harness.run.slo import UNIT_SHAPE, MAX_PROBES, ProbeLoad, find_max_qps, search_max_rate, unreachable, verdict
+from harness.workload.requests import WorkItem
 from tests.harness.engines_for_tests import SlowEngine
 
 

@@ -7,9 +7,10 @@ import yaml
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.loadmodes import load_mode
-from harness.scenario import ScenarioError, parse_scenario
-from harness.sweep import parse_sweep_option, plan_cells
+from harness.load.modes import load_mode
+from harness.scenario.errors import ScenarioError
+from harness.scenario.files import parse_scenario
+from harness.run.sweep import parse_sweep_option, plan_cells
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 
@@ -149,8 +150,8 @@ def test_query_workloads_sweep_items_and_lengths():
 
 
 def test_preflight_checks_every_cell_against_the_model(tmp_path):
-    from harness.preflight import check_scenario
-    from harness.runner import Overrides
+    from harness.run.preflight import check_scenario
+    from harness.run.runner import Overrides
 
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(_beam(bounds={"max_prompt_tokens": 64})))

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from engines.base import BeamRequest, PrefillRequest
-from harness.scenario import parse_scenario
-from harness.workload import SyntheticWorkload, build_workload, read_jsonl
+from harness.scenario.files import parse_scenario
+from harness.workload.requests import SyntheticWorkload, build_workload, read_jsonl
 
 
 def _scenario(**workload):
@@ -125,7 +125,7 @@ def test_query_jsonl_dataset(tmp_path, tokenizer):
 ])
 def test_query_jsonl_errors_name_line_and_field(tmp_path, tiny_dir, tokenizer, line, msg):
     """A query line's shape is judged by the reader, its fields by the engines' shared check."""
-    from harness.infer import caps_checker, read_input, screen
+    from harness.run.infer import caps_checker, read_input, screen
 
     p = tmp_path / "bad.jsonl"
     p.write_text(json.dumps({"id": "x", "kind": "prefill_only", **line}) + "\n")

@@ -27,7 +27,7 @@ class Walker:
 
     def __init__(self, model_dir, dtype: str, plan: BeamPlan, compile_mode: str = "eager", device: str = "cpu",
                  **runtime_options):
-        from harness.workload import load_tokenizer
+        from harness.workload.requests import load_tokenizer
 
         runtime = BeamRuntime(model_dir, PrecisionPolicy(dtype), device, plan, eos_ids(model_dir), compile_mode,
                               lambda s: None, **runtime_options)

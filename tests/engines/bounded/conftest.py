@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from harness.presets import PRESETS as ALL_PRESETS
-from harness.presets import materialise, write_model
+from harness.workload.presets import PRESETS as ALL_PRESETS
+from harness.workload.presets import materialise, write_model
 
 PRESETS = ("tiny", "tiny-qwen2")
 VOCAB = 151936

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from engines.base import BeamRequest, Bounds, EngineConfig, EngineError, PrefillRequest, RequestRejected
+from engines.base import BeamRequest, Bounds, EngineConfig, EngineError, Precision, PrefillRequest, RequestRejected
 from engines.bounded.engine import BoundedEngine
 
 from .conftest import random_seqs, reference
@@ -189,7 +189,10 @@ def test_stages_and_beam_rejection(tiny_engine):
     with pytest.raises(RequestRejected, match="started for prefill_only, not beam_search"):
         asyncio.run(tiny_engine.submit(BeamRequest("b", [1, 2], beam_width=4, decode_steps=2)))
     d = tiny_engine.describe()
-    assert d["name"] == "bounded" and d["prefill_only"]["status"]["compile"] == "eager" and d["dtype"] == "float32"
+    assert d.engine == "bounded" and d.mode == "eager" and d.fallback is None and d.dtype == "float32"
+    assert d.precision == Precision("float32", "float32", d.precision.why) and d.cuda_graphs == "not used"
+    assert d.plan.startswith("prefill ") and d.details["prefill_only"]["status"]["compile"] == "eager"
+    d = d.details
     assert d["bounds"]["max_prompt_tokens"] == 60 and d["batching"]["max_wait_ms"] == 0.0
     assert d["serves"] == ["prefill_only"] and d["prefill_only"]["dag"] == {
         "request": ["tokenize"], "batch": ["pack", "prefill", "score", "format"]}
@@ -208,7 +211,7 @@ def test_unknown_option_lists_known_ones(tiny_dir_f32):
 
 @pytest.fixture(scope="module")
 def tiny_dir_f32():
-    from harness.presets import materialise
+    from harness.workload.presets import materialise
 
     return materialise("tiny", log=lambda s: None)
 

@@ -52,7 +52,7 @@ def test_concurrent_requests_share_steps_and_match_transformers(tiny_dir, engine
     codes = _codes(5, 2000, 4, (120, 10, 10, 10))
     reqs = requests(codes)
     results = asyncio.run(gather(engine, reqs))
-    assert engine.describe()["stats"]["largest_batch"] == len(reqs)  # one execution for all four
+    assert engine.describe().details["stats"]["largest_batch"] == len(reqs)  # one execution for all four
     for req, res in zip(reqs, results):
         prompt = tokenizer.encode(req.prompt) if isinstance(req.prompt, str) else req.prompt
         got = output(res)
@@ -73,7 +73,7 @@ def test_fewer_steps_than_the_bound_and_bad_requests_fail_alone(tiny_dir, engine
 
 
 def test_describe_names_the_beam_dag(engine):
-    d = engine.describe()
+    d = engine.describe().details
     assert d["serves"] == ["beam_search"] and d["beam_search"]["plan"]["max_requests"] == 4
     assert d["beam_search"]["dag"]["batch"] == ["prefill", "step1", "step2", "step3", "step4", "format"]
 

@@ -56,7 +56,7 @@ def test_float32_matches_transformers_on_the_concatenations(preset_dir, share):
     try:
         requests = query_requests(random.Random(11), 12)
         results = run_concurrently(engine, requests)
-        stats, described = dict(engine.stats), engine.describe()["prefill_only"]
+        stats, described = dict(engine.stats), engine.describe().details["prefill_only"]
     finally:
         engine.stop()
     errs, agree = compare(preset_dir, requests, results)
@@ -143,7 +143,7 @@ def test_padded_attention_shares_the_query_through_its_indices(tiny_dir, share):
     try:
         requests = query_requests(random.Random(14), 6)
         results = run_concurrently(engine, requests)
-        described, stats = engine.describe()["prefill_only"], dict(engine.stats)
+        described, stats = engine.describe().details["prefill_only"], dict(engine.stats)
     finally:
         engine.stop()
     errs, agree = compare(tiny_dir, requests, results)

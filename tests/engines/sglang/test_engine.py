@@ -59,7 +59,7 @@ def test_one_call_per_business_request_with_label_strings(tiny_dir, tokenizer):
     enc = lambda s: tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
     assert calls == [{"query": [], "items": [enc(" the cat"), [5, 6, 7]],
                       "label_token_ids": enc(" yes") + enc(" no"), "apply_softmax": True}]
-    assert engine.describe()["version"] == "0.5.23"
+    assert engine.describe().version == "0.5.23"
 
 
 def test_a_query_request_goes_as_query_and_items(tiny_dir, tokenizer):
@@ -79,12 +79,12 @@ def test_a_query_request_goes_as_query_and_items(tiny_dir, tokenizer):
     with pytest.raises(RequestRejected, match="max_samples_per_request"):
         asyncio.run(engine.submit(PrefillRequest.with_query("x", [9], [[1]] * 9, [1, 2])))
     assert len(calls) == 2  # refused before sending
-    assert engine.describe()["radix_cache"] == "on (not reported by the server)"
-    assert engine.describe()["multi_item_scoring"] == "off"
+    assert engine.describe().details["radix_cache"] == "on (not reported by the server)"
+    assert engine.describe().details["multi_item_scoring"] == "off"
     per = mock_engine(tiny_dir, routes(score=score), per_sample=True, server_args=["--disable-radix-cache"])
     asyncio.run(per.submit(PrefillRequest.with_query("p", [9, 8], [[1], [2, 3], [4]], [1, 2])))
     assert [(c["query"], c["items"]) for c in calls[2:]] == [([9, 8], [[1]]), ([9, 8], [[2, 3]]), ([9, 8], [[4]])]
-    assert per.describe()["radix_cache"] == "off"
+    assert per.describe().details["radix_cache"] == "off"
 
 
 def test_per_sample_reassembles_in_order_when_answers_come_back_out_of_order(tiny_dir):
@@ -193,7 +193,7 @@ def _gone(pid: int, within_s: float = 5.0) -> bool:
 def test_launch_passes_cpu_settings_and_stop_ends_the_process_group(tiny_dir, tmp_path, fake_env):
     engine = launched(tiny_dir, tmp_path, per_sample=True)
     try:
-        cmd = engine.describe()["launch_command"]
+        cmd = engine.describe().details["launch_command"]
         assert "--device cpu --attention-backend torch_native --max-total-tokens 16384" in cmd
         assert f"--model-path {tiny_dir}" in cmd and "--dtype float32" in cmd
         res = asyncio.run(engine.submit(PrefillRequest("r", [[1, 2, 3], [4]], [7, 8, 9])))

@@ -91,7 +91,7 @@ def test_beams_go_to_vllm_beam_search(tiny_hd32_dir):
 
 def test_describe_reads_version_model_and_cache_settings(tiny_hd32_dir):
     engine, _ = mock_engine(tiny_hd32_dir, label_answer)
-    d = engine.describe()
+    d = engine.describe().to_dict()  # as run.json records it
     assert d["version"] == "0.32.0" and d["mode"] == "connect" and d["launch_command"] is None
     assert d["server_settings"] == {"model": str(tiny_hd32_dir), "max_model_len": 4096, "block_size": "128",
                                     "enable_prefix_caching": "True", "cache_dtype": "auto",

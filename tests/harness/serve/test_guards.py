@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from harness.serve.process import ServeProcess
+from harness.load.process import ServeProcess
 
 HEAD_S, BODY_S = 1.0, 1.5
 SCENARIO = """

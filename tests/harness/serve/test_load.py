@@ -11,9 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.serve.load import LoadSpec, locust_commands, locust_row, outcome, parse_duration
+from harness.load.locust import LoadSpec, locust_commands, locust_row, outcome, parse_duration
 from harness.report.tables import RESULT_COLUMNS
-from harness.serve.process import ServeProcess
+from harness.load.process import ServeProcess
 
 SCENARIOS = Path(__file__).resolve().parents[3] / "scenarios"
 needs_locust = pytest.mark.skipif(importlib.util.find_spec("locust") is None, reason="locust not installed")

@@ -18,11 +18,12 @@ from typer.testing import CliRunner
 
 from engines.base import Bounds, EngineConfig
 from harness.cli import app
-from harness.infer import infer_file
-from harness.loadgen import run_closed
-from harness.serve.process import ServeProcess
-from harness.serve.replicas import (CLUSTER_JOB_ENV, RayOptions, ReplicaFailed, deployment_options, parse_autoscale,
-                                    replica_runtime_env)
+from harness.run.infer import infer_file
+from harness.load.loadgen import run_closed
+from harness.load.process import ServeProcess
+from harness.serve.ray_options import (CLUSTER_JOB_ENV, RayOptions, deployment_options, parse_autoscale,
+                                       replica_runtime_env)
+from harness.serve.replicas import ReplicaFailed
 from harness.serve.server import ServeOptions
 
 # CI installs the dev extra, Ray included: there a missing Ray fails these tests instead of skipping them
@@ -82,7 +83,7 @@ def test_ray_options_are_checked():
 def test_an_address_nothing_answers_at_is_refused_in_seconds():
     import socket
 
-    from harness.serve.replicas import check_reachable
+    from harness.serve.ray_options import check_reachable
 
     with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
         s.bind(("127.0.0.1", 0))
@@ -195,8 +196,8 @@ def test_bench_run_through_the_replicas_records_their_placement(replicas, folder
 @needs_ray
 def test_a_killed_replica_fails_only_its_requests_and_is_replaced(replicas, folder, tiny_dir):
     from engines.registry import create_engine
-    from harness.scenario import load_scenario
-    from harness.workload import build_workload, load_tokenizer
+    from harness.scenario.files import load_scenario
+    from harness.workload.requests import build_workload, load_tokenizer
 
     items = build_workload(load_scenario(folder / "s.yaml"), load_tokenizer(str(tiny_dir)))
     n = 24

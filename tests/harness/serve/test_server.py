@@ -17,9 +17,10 @@ import pytest
 
 from engines.base import BeamRequest, Bounds, EngineConfig, PrefillRequest
 from harness.serve.api import ApiError
-from harness.infer import infer_file
-from harness.serve.server import Admission, ClientGone, ServerMetrics, until_disconnect
-from harness.serve.process import ServeProcess
+from harness.run.infer import infer_file
+from harness.serve.guards import Admission, ClientGone, until_disconnect
+from harness.serve.metrics import ServerMetrics
+from harness.load.process import ServeProcess
 
 # beams W <= 8, 3 steps; up to 4 samples of 32 tokens
 SCENARIO = """
@@ -171,8 +172,8 @@ def test_bounded_serves_a_query_shared_by_its_items(folder, tokenizer, tmp_path)
 
 
 def test_a_served_label_picks_its_entry():
-    from harness.scenario import load_scenario
-    from harness.serve.server import serving_spec
+    from harness.scenario.files import load_scenario
+    from harness.serve.engine import serving_spec
 
     sc = load_scenario(Path(__file__).parents[3] / "scenarios" / "relevance_15.yaml")
     assert (serving_spec(sc, "bounded").name, serving_spec(sc, "bounded").options) == ("bounded", {})

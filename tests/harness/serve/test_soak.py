@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.scenario import load_scenario
-from harness.serve.soak import SoakResult, SoakSpec, Window, run_soak, write_soak
+from harness.scenario.files import load_scenario
+from harness.load.soak import SoakResult, SoakSpec, Window, run_soak, write_soak
 
 SCENARIOS = Path(__file__).resolve().parents[3] / "scenarios"
 

@@ -46,7 +46,7 @@ def test_unsupported_configs_say_what(tiny_dir_copy):
 
 @pytest.fixture
 def tiny_dir_copy(tmp_path):
-    from harness.presets import materialise
+    from harness.workload.presets import materialise
 
     src = materialise("tiny", log=lambda s: None)
     dst = tmp_path / "m"

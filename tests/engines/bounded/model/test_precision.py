@@ -36,9 +36,9 @@ def test_engine_policy_with_the_probe_injected(caps, want, tiny_dir, monkeypatch
     cfg = EngineConfig(tiny_dir, "bfloat16", "cpu", Bounds(), "prefill_only", {"compile": "eager", "int8": ["down"]})
     e = engine_mod.BoundedEngine(cfg)
     d = e.describe()
-    assert d["dtype"] == "bfloat16" and d["compute_dtype"] == want
-    assert d["precision"]["summary"] == f"{want} + int8 [down]" and d["precision"]["gemm"]["down"] == "int8"
-    assert d["precision"]["why"].startswith(want)
+    assert d.dtype == "bfloat16" and d.precision.dtype == want and d.precision.low_precision
+    assert d.precision.summary == f"{want} + int8 [down]" and d.details["precision_policy"]["gemm"]["down"] == "int8"
+    assert d.precision.why.startswith(want)
 
 
 def test_real_probe_policy_on_this_machine(tiny_dir):

@@ -29,7 +29,7 @@ def cache(tmp_path_factory):
 
 @pytest.fixture
 def engine_factory(cache, monkeypatch):
-    from harness.presets import materialise
+    from harness.workload.presets import materialise
 
     model_dir = materialise("tiny", log=lambda s: None)  # before the cache root moves
     monkeypatch.setenv("BOUNDED_BENCH_CACHE", str(cache))
@@ -60,7 +60,7 @@ def test_compile_once_then_load_and_recompile_on_key_change(engine_factory, cach
     first = engine_factory()
     status, d = _status(first), _package(first)
     assert status["compile"] == "aot" and d["compiled_now"] is True
-    assert (first.describe()["mode"], first.describe()["fallback"]) == ("aot", None)
+    assert (first.describe().mode, first.describe().fallback) == ("aot", None)
     assert str(cache) in d["package"]
     assert not _build_copies(d["package"])  # Inductor's copy of the shared object is gone
     reqs = _requests()
@@ -115,7 +115,7 @@ def _build_copies(package: str) -> list:
 
 
 def _status(engine) -> dict:
-    return engine.describe()["prefill_only"]["status"]
+    return engine.describe().details["prefill_only"]["status"]
 
 
 def _package(engine) -> dict:
@@ -174,7 +174,7 @@ def test_beam_aot_graphs_agree_with_eager(tiny_dir, tmp_path, monkeypatch):
     compiled = start_beam(tiny_dir, bounds=bounds, compile="aot")
     engine = start_beam(tiny_dir, max_wait_ms=200, max_batch_beams=160)  # eager
     try:
-        status = compiled.describe()["beam_search"]["status"]
+        status = compiled.describe().details["beam_search"]["status"]
         assert status["compile"] == "aot" and set(status["packages"]) == {"beam_prefill", "beam_step_w16"}
         rng = random.Random(3)
         reqs = [BeamRequest(f"r{i}", _prompt(i, rng.randint(1, 64)), w, 3) for i, w in enumerate((16, 9, 1))]
@@ -185,7 +185,7 @@ def test_beam_aot_graphs_agree_with_eager(tiny_dir, tmp_path, monkeypatch):
         engine.stop()
     again = start_beam(tiny_dir, bounds=bounds, compile="aot")  # a second start only loads both
     try:
-        packages = again.describe()["beam_search"]["status"]["packages"]
+        packages = again.describe().details["beam_search"]["status"]["packages"]
         assert {n: p["compiled_now"] for n, p in packages.items()} == {"beam_prefill": False, "beam_step_w16": False}
     finally:
         again.stop()
@@ -199,7 +199,7 @@ def test_beam_compile_failure_falls_back_to_eager(tiny_dir, monkeypatch):
     e = start_beam(tiny_dir, bounds=Bounds(max_samples_per_request=1, max_prompt_tokens=16, max_beam_width=4,
                                            max_decode_steps=2), compile="aot")
     try:
-        status = e.describe()["beam_search"]["status"]
+        status = e.describe().details["beam_search"]["status"]
         assert status["compile"] == "eager" and "no C++ compiler" in status["fallback_reason"]
         res = asyncio.run(e.submit(BeamRequest("r", [1, 2, 3], 4, 2)))
         assert_same_beams(output(res), hf_beams(tiny_dir, [1, 2, 3], 4, 2))

@@ -42,7 +42,7 @@ def test_scoring_plan_further_than_bf16_is_refused_naming_its_groups(coarse_int8
 def test_accepted_plan_serves_and_reports_the_verdict(coarse_int8):
     engine = test_engine.start(coarse_int8, "float32", SMALL, int8=["down"], gate="accept")
     try:
-        verdict = engine.describe()["precision"]["accuracy_gate"]["prefill_only"]
+        verdict = engine.describe().details["precision_policy"]["accuracy_gate"]["prefill_only"]
         assert verdict["passed"] is False and verdict["accepted"] is True and verdict["cached"] is False
         mine, bf16 = verdict["plan_vs_float32"], verdict["bfloat16_vs_float32"]
         assert mine["error"] > bf16["error"] > 0
@@ -51,7 +51,7 @@ def test_accepted_plan_serves_and_reports_the_verdict(coarse_int8):
     finally:
         engine.stop()
     again = test_engine.start(coarse_int8, "float32", SMALL, int8=["down"], gate="accept")
-    assert again.describe()["precision"]["accuracy_gate"]["prefill_only"]["cached"] is True
+    assert again.describe().details["precision_policy"]["accuracy_gate"]["prefill_only"]["cached"] is True
     again.stop()
 
 
@@ -62,10 +62,10 @@ def test_beam_plan_further_than_bf16_is_refused(coarse_int8):
 
 def test_dense_plans_are_not_judged(tiny_dir):
     engine = test_engine.start(tiny_dir, "float32", SMALL)
-    assert engine.describe()["precision"]["accuracy_gate"].startswith("not needed")
+    assert engine.describe().details["precision_policy"]["accuracy_gate"].startswith("not needed")
     engine.stop()
     beam_head_only = test_engine.start(tiny_dir, "float32", SMALL, int8=["head"])  # scoring never runs the head
-    assert isinstance(beam_head_only.describe()["precision"]["accuracy_gate"], str)
+    assert isinstance(beam_head_only.describe().details["precision_policy"]["accuracy_gate"], str)
     beam_head_only.stop()
 
 

@@ -1,0 +1,96 @@
+"""`bench doctor`: what this machine has and which engines can run on it."""
+from __future__ import annotations
+
+import importlib.metadata as md
+import platform
+from pathlib import Path
+from typing import Iterator
+
+from engines.base import EngineConfig, EngineUnavailable
+from engines.registry import ENGINES, engine_class
+import harness
+from harness.workload.presets import cache_root
+from engines import toolchain
+from engines.hardware import FLOAT_DTYPES, probe
+from harness.device.peak import PRECISIONS, cpu_peaks, device_peaks, is_cached
+
+
+def _version(pkg: str) -> str:
+    try:
+        return md.version(pkg)
+    except md.PackageNotFoundError:
+        return "not installed"
+
+
+def report(measure: bool = False) -> Iterator[tuple[str, str]]:
+    yield "bounded-bench", harness.__version__
+    yield "python", platform.python_version()
+    for pkg in ("torch", "transformers", "pydantic", "httpx"):
+        yield pkg, _version(pkg)
+    import torch
+
+    yield "torch threads", str(torch.get_num_threads())
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for device in devices:
+        yield from device_lines(device, measure)
+    if not torch.cuda.is_available():
+        yield "gpu", "none"
+    yield "cache", str(cache_root())
+    for device in ("cpu", *(["cuda"] if torch.cuda.is_available() else [])):
+        yield from toolchain_lines(device)
+    for name in ENGINES:
+        yield f"engine {name}", _engine_status(name)
+
+
+def toolchain_lines(device: str) -> Iterator[tuple[str, str]]:
+    """What AOTInductor needs to compile packages for `device`, each found or missing (and how
+    to provide it); without them the bounded engine serves eagerly and says why."""
+
+    for c in toolchain.check(device):
+        yield f"aot {device} {c.name}", ("ok: " if c.ok else "MISSING: ") + c.detail
+
+
+def device_lines(device: str, measure: bool, caps=None) -> Iterator[tuple[str, str]]:
+    """The ISA facts that decide precision, and every rate per precision (measured on a CPU
+    only with --measure or when a run measured them before; a table on a GPU)."""
+
+    caps = caps or probe(device)
+    facts = caps.facts()
+    yield device, caps.name
+    if caps.device_type == "cuda":
+        yield f"{device} isa", f"compute capability {facts['compute_capability']}"
+    else:
+        yield f"{device} isa", ", ".join(f"{f} {'yes' if f in caps.flags else 'no'}" for f in _SHOWN_FLAGS)
+    native = ", ".join(d for d, ok in facts["native"].items() if ok)
+    yield f"{device} native", f"{native}; int8: {caps.int8_isa or 'none'}; fp8: {'yes' if caps.fp8 else 'no'}"
+    if caps.device_type == "cpu" and not (measure or is_cached(caps)):
+        yield f"{device} peak", "not measured yet (bench doctor --measure, or the first bench run)"
+        return
+    try:
+        peaks = cpu_peaks(caps, refresh=measure) if caps.device_type == "cpu" else device_peaks(device, caps=caps)
+    except ValueError as e:  # a GPU the table does not know
+        yield f"{device} peak", str(e)
+        return
+    for prec in (*PRECISIONS, "float8"):
+        if prec in peaks.rates:
+            unit = "GOP/s" if prec in ("int8", "float8") else "GFLOP/s"
+            mark = "  <- MFU denominator" if prec == peaks.mfu_precision else ""
+            mark += " (emulated)" if prec in FLOAT_DTYPES and not caps.native(prec) else ""
+            yield f"{device} {prec}", f"{peaks.rates[prec] * 1e3:,.0f} {unit}{mark}"
+        elif prec != "float8":
+            yield f"{device} {prec}", "not native here, not measured" if prec == "float16" else "none"
+    yield f"{device} peak", peaks.source
+
+
+_SHOWN_FLAGS = ("avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")
+
+
+def _engine_status(name: str) -> str:
+    try:
+        cls = engine_class(name)
+        cls.check_available(EngineConfig(Path(".")))
+        return "ok"
+    except EngineUnavailable as e:
+        return f"unavailable: {e}"
+    except Exception as e:  # doctor reports, never crashes
+        return f"unavailable: {type(e).__name__}: {e}"
