@@ -147,7 +147,8 @@ def test_padded_attention_compiles_into_the_package(engine_factory):
     status = _status(padded)
     assert (status["compile"], status["prefill_attention"]) == ("aot", "padded")
     assert "bounded::varlen_attention" not in _package_text(_package(padded)["package"])
-    assert "bounded::varlen_attention" in _package_text(_package(engine_factory())["package"])
+    per_sequence = engine_factory(prefill_attention="per_sequence")
+    assert "bounded::varlen_attention" in _package_text(_package(per_sequence)["package"])
     reqs = _requests()
     ref = reference(padded.config.model_dir)
     for r, res in zip(reqs, asyncio.run(_gather(padded, reqs))):

@@ -1,0 +1,81 @@
+"""Where a request's time goes, by class: the torch.profiler events of the measured requests
+sorted into GEMMs, attention, norms/elementwise and head + selection, and the rest of the
+request's wall time as host time (request check + tokenize, batching wait, pack, and Python
+between calls), so that the classes add up to the request's time by construction, and each
+measured class is what the profiler saw.
+
+Each event is attributed whole to the first class that claims it, walking down from the
+roots (a claimed event's children are not visited): a profiler range the engine opens
+(`bounded::attention`, `bounded::head`, `bounded::select`) claims what runs inside it,
+except GEMMs, which stay GEMMs wherever they run (a head's GEMM is a GEMM with its FLOPs);
+then names: GEMM externs (oneDNN linear, mm), attention ops (flash SDPA, the per-sequence
+op, batched matmuls, fused softmax kernels), and any other kernel or aten op is
+norms/elementwise. Wrappers that are none of these are descended into.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional
+
+CLASSES = ("gemm", "attention", "norms_elementwise", "head_selection", "host")
+LABELS = {"gemm": "GEMMs", "attention": "attention", "norms_elementwise": "norms / elementwise / copies",
+          "head_selection": "head + selection", "host": "host (outside kernels)"}
+RANGES = {"bounded::attention": "attention", "bounded::head": "head_selection", "bounded::select": "head_selection"}
+GEMM_NAMES = ("linear_pointwise", "aten::linear", "aten::mm", "aten::addmm", "mm_out", "addmm_out", "_int_mm",
+              "qlinear", "aten::_weight_int8pack_mm", "cublas", "gemm", "aten::_scaled_mm")
+ATTENTION_NAMES = ("scaled_dot_product", "flash_attention", "varlen_attention", "bmm", "softmax")
+WRAPPERS = ("aten::matmul",)  # its children say what it was: mm (a GEMM) or bmm (attention)
+KERNEL_PREFIXES = ("aten::", "aoti_", "graph_", "mkldnn::", "onednn::", "quantized::", "cpp_fused", "triton_", "prims::")
+
+
+def classify(name: str, context: Optional[str]) -> Optional[str]:
+    """The class that claims an event of this name inside a range of class `context`
+    (None: outside the engine's ranges), or None: a wrapper to descend into."""
+    if name in RANGES or name in WRAPPERS:
+        return None
+    low = name.lower()
+    if any(g in low for g in GEMM_NAMES) and "bmm" not in low:
+        return "gemm"
+    if context is not None:
+        return context
+    if any(a in low for a in ATTENTION_NAMES):
+        return "attention"
+    if name.startswith(KERNEL_PREFIXES) or "cpp_fused" in name:
+        return "norms_elementwise"
+    return None
+
+
+def class_times(events: Iterable[Any]) -> dict[str, float]:
+    """Microseconds per class over profiler events (FunctionEvent: name, cpu_children,
+    cpu_parent, cpu_time_total); roots are the events without a parent."""
+    totals = {c: 0.0 for c in CLASSES if c != "host"}
+    stack = [(e, None) for e in events if e.cpu_parent is None]
+    while stack:
+        event, context = stack.pop()
+        cls = classify(event.name, context)
+        if cls is not None:
+            totals[cls] += event.cpu_time_total
+            continue
+        inner = RANGES.get(event.name, context)
+        stack.extend((child, inner) for child in event.cpu_children)
+    return totals
+
+
+@dataclass(frozen=True)
+class ClassRow:
+    name: str  # a CLASSES entry, or a host part ("host: tokenize", ...)
+    ms: float  # per request
+    share: float  # of the request's time
+    work: str = ""  # FLOPs or bytes the class moves per request, in words
+    rate: str = ""  # achieved rate
+    floor_ms: Optional[float] = None  # the work at the measured isolated rate / bandwidth
+
+
+def host_parts(host_ms: float, stages: dict[str, float]) -> list[tuple[str, float]]:
+    """Host time split by the engine's own stage times (ms per request): request check +
+    tokenize, batching wait, pack; the rest is Python between calls (and the harness)."""
+    named = [("check + tokenize", stages.get("tokenize", 0.0)), ("batching wait", stages.get("queue", 0.0)),
+             ("pack", stages.get("pack", 0.0))]
+    named = [(n, max(0.0, ms)) for n, ms in named]
+    rest = max(0.0, host_ms - sum(ms for _, ms in named))
+    return [*named, ("Python between calls", rest)]

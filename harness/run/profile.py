@@ -1,0 +1,281 @@
+"""`bench profile`: where a request's time goes, by class, for one in-process engine.
+
+The engine starts as a scenario's entry would (the bounded engine with option
+kernel_profile, so each compiled kernel shows in torch.profiler: its packages are cached
+apart from the served ones), answers the scenario's warm-up requests, then N requests one
+at a time under torch.profiler (CPU; CUDA activity too on a GPU). The events become classes
+(measure/profile.py); each class gets its floor: the GEMMs' FLOPs at the rate oneDNN (or
+cuBLAS) reaches on the same shapes alone, attention's FLOPs at the device's measured peak,
+norms/elementwise and head + selection bytes at the measured copy bandwidth.
+Writes profile.json, profile.csv and profile.html into the output folder.
+"""
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from engines.base import BeamRequest
+from engines.registry import create_engine
+from harness.device.peak import device_peaks
+from harness.measure.flops import ModelShape, model_shape
+from harness.measure.profile import CLASSES, LABELS, ClassRow, class_times, host_parts
+from harness.scenario.engines import engine_config, select_engines
+from harness.scenario.schema import Scenario
+from harness.workload.presets import resolve_model
+from harness.workload.requests import build_workload, load_tokenizer
+
+
+IN_PROCESS = ("bounded", "hf")
+
+
+class ProfileError(ValueError):
+    pass
+
+
+@dataclass
+class Profile:
+    scenario: str
+    engine: str
+    device: str
+    requests: int
+    request_ms: float  # mean wall time of a request, submit to answer
+    rows: list[ClassRow] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"scenario": self.scenario, "engine": self.engine, "device": self.device, "requests": self.requests,
+                "request_ms": self.request_ms, "classes": [asdict(r) for r in self.rows], "notes": self.notes}
+
+
+def profile_scenario(scenario: Scenario, engine_name: str, requests: int, device: str,
+                     log: Callable[[str], None] = print, base_dir: Path | None = None) -> Profile:
+    import torch
+
+    spec = select_engines(scenario, [engine_name])[0]
+    if spec.name not in IN_PROCESS:
+        raise ProfileError(f"--engine {engine_name}: bench profile needs an in-process engine ({', '.join(IN_PROCESS)}); "
+                           f"{spec.name} answers from a server process the profiler does not see")
+    model_dir = resolve_model(scenario.model, log=log)
+    shape = model_shape(model_dir)
+    workload = build_workload(scenario, load_tokenizer(model_dir), base_dir)
+    config = engine_config(scenario, spec, model_dir, device)
+    if spec.name == "bounded":  # every compiled kernel visible to the profiler
+        config = replace(config, options={**config.options, "kernel_profile": True})
+    engine = create_engine(spec.name, config)
+    log(f"starting {spec.title} (kernel-profiling packages compile once, cached apart from the served ones) ...")
+    engine.start()
+    try:
+        warm = max(2, getattr(scenario.load, "warmup_requests", 0) or 0)
+        items = [workload[i] for i in range(warm + requests)]
+        asyncio.run(_answer(engine, [it.request for it in items[:warm]]))
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if device.startswith("cuda"):
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        log(f"profiling {requests} requests, one at a time ...")
+        # the engine's model thread is not this one: record every thread's events
+        threads = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
+        with torch.profiler.profile(activities=activities, experimental_config=threads) as prof:
+            walls, stages = asyncio.run(_answer(engine, [it.request for it in items[warm:]]))
+        dtype = engine.describe().precision.dtype
+    finally:
+        engine.stop()
+    peak = device_peaks(device)
+    work = _work(shape, items[warm:], dtype, peak.rates.get(dtype, peak.mfu_tflops))
+    return _profile(scenario.name, spec.title, device, prof.events(), walls, stages, work)
+
+
+async def _answer(engine, reqs) -> tuple[list[float], list[dict[str, float]]]:
+    walls, stages = [], []
+    for req in reqs:
+        t0 = time.perf_counter()
+        result = await engine.submit(req)
+        walls.append((time.perf_counter() - t0) * 1000.0)
+        stages.append(dict(getattr(result, "stages", None) or {}))
+    return walls, stages
+
+
+def _profile(scenario: str, title: str, device: str, events, walls: list[float], stages: list[dict[str, float]],
+             work: dict[str, tuple[str, float, float]]) -> Profile:
+    """The classes of the profiled requests: kernel time per class from the events, the rest
+    of the mean request time as host time, split by the engine's stage times."""
+    n = len(walls)
+    request_ms = sum(walls) / n
+    per = {c: us / 1000.0 / n for c, us in class_times(events).items()}
+    measured = sum(per.values())
+    notes = []
+    if measured > request_ms * 1.02:  # kernels on several threads at once (e.g. a server's pool)
+        notes.append(f"kernel time {measured:.1f} ms exceeds the request's {request_ms:.1f} ms: "
+                     "work ran on several threads at once; shares are of the summed time")
+    host = max(0.0, request_ms - measured)
+    mean_stages = {k: statistics.fmean(s.get(k, 0.0) for s in stages) for k in ("tokenize", "queue", "pack")}
+    rows = []
+    total = max(request_ms, measured)
+    for c in CLASSES[:-1]:
+        rows.append(_row(c, per[c], total, work.get(c)))
+    rows.append(ClassRow("host", round(host, 3), round(host / total, 4)))
+    rows += [ClassRow(f"host: {name}", round(ms, 3), round(ms / total, 4)) for name, ms in host_parts(host, mean_stages)]
+    return Profile(scenario, title, device, n, round(request_ms, 3), rows, notes)
+
+
+def _row(cls: str, ms: float, total: float, work: tuple[str, float, float] | None) -> ClassRow:
+    """work: (words, amount, floor_ms) for the class."""
+    if work is None:
+        return ClassRow(cls, round(ms, 3), round(ms / total, 4) if total else 0.0)
+    words, amount, floor = work
+    unit = "GFLOP/s" if "FLOP" in words else "GB/s"
+    rate = f"{amount / (ms / 1000.0) / 1e9:,.0f} {unit}" if ms > 0 else ""
+    return ClassRow(cls, round(ms, 3), round(ms / total, 4) if total else 0.0, words, rate, round(floor, 3))
+
+
+def _work(shape: ModelShape, items, dtype: str, peak_tflops: float) -> dict[str, tuple[str, float, float]]:
+    """Per request: {class: (the work in words, its amount, its floor in ms)}."""
+    import torch
+
+    beam = isinstance(items[0].request, BeamRequest)
+    calls = _gemm_calls(shape, items, beam)
+    n = len(items)
+    elt = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    gemm = sum(2 * m * k * o * times for (m, k, o), times in calls.items()) / n
+    floor = sum(flops / _isolated_rate(m, k, o, dtype) for (m, k, o), flops in _by_shape(calls).items()) / n * 1000.0
+    attn = sum(_attention_flops(shape, it, beam) for it in items) / n
+    rows = sum(_rows(it, beam) for it in items) / n  # token rows through the layers
+    h, q, kv, i = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.intermediate
+    elementwise = shape.layers * rows * (10 * h + 2 * (q + kv) + 3 * i) * elt
+    head_rows = sum(_head_rows(it, beam) for it in items) / n
+    head = 2 * head_rows * shape.vocab * elt if beam else 0.0
+    bandwidth = _bandwidth()
+    out = {"gemm": (f"{gemm / 1e9:,.2f} GFLOP", gemm, floor),
+           "attention": (f"{attn / 1e9:,.2f} GFLOP", attn, attn / (peak_tflops * 1e12) * 1000.0),
+           "norms_elementwise": (f"{elementwise / 1e6:,.1f} MB (estimate)", elementwise,
+                                 elementwise / bandwidth * 1000.0)}
+    if head:
+        out["head_selection"] = (f"{head / 1e6:,.1f} MB (logits read twice)", head, head / bandwidth * 1000.0)
+    return out
+
+
+def _gemm_calls(shape: ModelShape, items, beam: bool) -> dict[tuple[int, int, int], int]:
+    """{(rows, in, out): calls} of every GEMM of the requests (a layer's four, the head)."""
+    h, q, kv, i = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.intermediate
+    calls: dict[tuple[int, int, int], int] = {}
+
+    def add(m: int, times: int = 1, head: int = 0) -> None:
+        for k, o in ((h, q + 2 * kv), (q, h), (h, 2 * i), (i, h)):
+            calls[(m, k, o)] = calls.get((m, k, o), 0) + shape.layers * times
+        if head:
+            calls[(head, h, shape.vocab)] = calls.get((head, h, shape.vocab), 0) + times
+
+    for it in items:
+        if beam:
+            r = it.request
+            add(it.prompt_tokens[0], head=1)
+            add(r.beam_width, r.decode_steps - 1, head=r.beam_width)
+        else:
+            add(sum(it.prompt_tokens))
+    return calls
+
+
+def _rows(item, beam: bool) -> int:
+    r = item.request
+    return item.prompt_tokens[0] + r.beam_width * (r.decode_steps - 1) if beam else sum(item.prompt_tokens)
+
+
+def _head_rows(item, beam: bool) -> int:
+    r = item.request
+    return 1 + r.beam_width * (r.decode_steps - 1) if beam else 0
+
+
+def _attention_flops(shape: ModelShape, item, beam: bool) -> int:
+    per = shape.attn_flops_per_context
+    if beam:
+        r, p = item.request, item.prompt_tokens[0]
+        return per * (p * (p + 1) // 2 + r.beam_width * sum(p + k for k in range(1, r.decode_steps)))
+    return sum(per * n * (n + 1) // 2 for n in item.prompt_tokens)
+
+
+def _by_shape(calls: dict[tuple[int, int, int], int]) -> dict[tuple[int, int, int], float]:
+    """{(typical rows, in, out): FLOPs} per weight shape, the rows FLOP-weighted (one
+    measurement per weight, not one per row count a request happened to have)."""
+    flops: dict[tuple[int, int], float] = {}
+    rows: dict[tuple[int, int], float] = {}
+    for (m, k, o), times in calls.items():
+        f = 2.0 * m * k * o * times
+        flops[(k, o)] = flops.get((k, o), 0.0) + f
+        rows[(k, o)] = rows.get((k, o), 0.0) + m * f
+    return {(max(1, round(rows[ko] / flops[ko])), *ko): f for ko, f in flops.items()}
+
+
+_ISOLATED: dict[tuple[int, int, int, str], float] = {}
+
+
+def _isolated_rate(m: int, k: int, o: int, dtype: str) -> float:
+    """FLOP/s of one [m, k] x [k, o] GEMM alone, as the engines run it: oneDNN with the
+    weight prepacked in bf16/fp16 (what Inductor's freezing lowers to), F.linear in float32;
+    the best of ~0.2 s of calls, measured once per shape."""
+    import torch
+    import torch.nn.functional as F
+
+    key = (m, k, o, dtype)
+    if key in _ISOLATED:
+        return _ISOLATED[key]
+    dt = getattr(torch, dtype)
+    x, w = torch.randn(m, k, dtype=dt), torch.randn(o, k, dtype=dt)
+    with torch.inference_mode():
+        if dt != torch.float32 and torch.backends.mkldnn.is_available():
+            packed = torch.ops.mkldnn._reorder_linear_weight(w, m)
+            call = lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")  # noqa: E731
+        else:
+            call = lambda: F.linear(x, w)  # noqa: E731
+        call()
+        best, spent, t_end = float("inf"), 0, time.perf_counter() + 0.2
+        while time.perf_counter() < t_end or spent < 3:
+            t0 = time.perf_counter()
+            call()
+            best, spent = min(best, time.perf_counter() - t0), spent + 1
+    _ISOLATED[key] = 2.0 * m * k * o / best
+    return _ISOLATED[key]
+
+
+def _bandwidth() -> float:
+    """Bytes/s of a large copy (read + write), best of a few."""
+    import torch
+
+    src = torch.ones(64 << 20, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * src.numel() * 4 / best
+
+
+def write(profile: Profile, out: Path) -> list[Path]:
+    """profile.json, profile.csv and profile.html into `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "profile.json").write_text(json.dumps(profile.to_json(), indent=2) + "\n")
+    with open(out / "profile.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["class", "ms_per_request", "share", "work", "rate", "floor_ms"])
+        for r in profile.rows:
+            w.writerow([r.name, r.ms, r.share, r.work, r.rate, "" if r.floor_ms is None else r.floor_ms])
+    (out / "profile.html").write_text(render_html(profile))
+    return [out / "profile.json", out / "profile.csv", out / "profile.html"]
+
+
+def render_html(profile: Profile) -> str:
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.PackageLoader("harness.report", "templates"), autoescape=True)
+    return env.get_template("profile.html.j2").render(p=profile, label=label)
+
+
+def label(name: str) -> str:
+    if name.startswith("host: "):
+        return "  · " + name[len("host: "):]
+    return LABELS.get(name, name)

@@ -1,0 +1,103 @@
+"""bench profile: the classes of profiler events (hand-made event trees), and a real profile
+of the tiny model whose classes add up to the request's time and whose GEMM work is the
+model's."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import pytest
+
+from harness.measure import profile as classes
+from harness.measure.flops import ModelShape
+
+
+@dataclass
+class Ev:
+    name: str
+    cpu_time_total: float
+    cpu_children: list = field(default_factory=list)
+    cpu_parent: Optional["Ev"] = None
+
+
+def tree(name, total, *children):
+    e = Ev(name, total, list(children))
+    for c in children:
+        c.cpu_parent = e
+    return e
+
+
+def flatten(*roots):
+    out = []
+    for r in roots:
+        out.append(r)
+        out.extend(flatten(*r.cpu_children))
+    return out
+
+
+def test_events_are_claimed_once_by_the_first_class_that_claims_them():
+    roots = [
+        tree("aoti_torch_cpu__linear_pointwise", 10.0),
+        tree("bounded::varlen_attention", 7.0, tree("aten::matmul", 3.0, tree("aten::bmm", 3.0)), tree("aten::softmax", 2.0)),
+        tree("graph_0_cpp_fused__to_copy_add_mean_mul_pow_rsqrt_0", 4.0),
+        tree("graph_0_cpp_fused__softmax_add_1", 1.5),
+        tree("bounded::head", 9.0, tree("mkldnn::_linear_pointwise", 5.0), tree("graph_0_cpp_fused_amax_exp_0", 3.0)),
+        tree("bounded::select", 2.0, tree("aten::topk", 1.0), tree("aten::gather", 0.5)),
+        tree("aten::matmul", 6.0, tree("aten::mm", 6.0)),  # eager linear: a GEMM
+        tree("some python range", 3.0, tree("aten::add", 0.25)),
+    ]
+    got = classes.class_times(flatten(*roots))
+    # the op claims its own children; the head's GEMM stays a GEMM; ranges and wrappers add nothing of their own
+    assert got == {"gemm": 21.0, "attention": 8.5, "norms_elementwise": 4.25, "head_selection": 4.5}
+
+
+def test_host_parts_split_the_rest_by_the_engines_stage_times():
+    parts = classes.host_parts(3.0, {"tokenize": 0.5, "queue": 0.25, "pack": 0.75})
+    assert parts == [("check + tokenize", 0.5), ("batching wait", 0.25), ("pack", 0.75), ("Python between calls", 1.5)]
+    assert classes.host_parts(0.5, {"tokenize": 1.0})[-1] == ("Python between calls", 0.0)
+
+
+def test_gemm_work_is_every_layer_gemm_and_the_head(tmp_path):
+    from harness.run import profile
+
+    shape = ModelShape(layers=2, hidden=8, heads=2, kv_heads=1, head_dim=4, intermediate=16, vocab=100)
+
+    class Item:
+        def __init__(self, request, prompt_tokens):
+            self.request, self.prompt_tokens = request, prompt_tokens
+
+    from engines.base import BeamRequest, PrefillRequest
+    score = Item(PrefillRequest("a", [[1] * 3, [1] * 5], [1, 2]), (3, 5))
+    calls = profile._gemm_calls(shape, [score], beam=False)
+    # one call per layer GEMM at 8 rows: qkv 8->16, o 8->8, gate_up 8->32, down 16->8
+    assert calls == {(8, 8, 16): 2, (8, 8, 8): 2, (8, 8, 32): 2, (8, 16, 8): 2}
+    beam = Item(BeamRequest("b", [1] * 6, 4, 3), (6,))
+    calls = profile._gemm_calls(shape, [beam], beam=True)
+    assert calls[(1, 8, 100)] == 1 and calls[(4, 8, 100)] == 2  # the head: the prompt's last row, then 2 steps of 4
+    assert calls[(4, 16, 8)] == 2 * 2  # down: 2 layers x 2 decode passes
+    assert sum(2 * m * k * o * n for (m, k, o), n in profile._gemm_calls(shape, [score], False).items()) \
+        == 8 * 2 * 2 * (8 * 16 + 8 * 8 + 8 * 32 + 16 * 8)
+
+
+def test_a_profile_of_the_tiny_model_adds_up_to_its_requests(tmp_path, tiny_dir):
+    from harness.run import profile
+    from harness.scenario.files import load_scenario
+
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        "name: p\nmodel: tiny\ndtype: float32\ntask: {kind: prefill_only, labels: [' yes', ' no']}\n"
+        "workload: {samples_per_request: 4, prompt_tokens: {mean: 24, min: 8, max: 48}, seed: 0}\n"
+        "bounds: {max_samples_per_request: 8, max_prompt_tokens: 64}\n"
+        "load: {mode: closed, concurrency: [1], requests: 4, warmup_requests: 2}\n"
+        "engines: [{name: bounded, compile: eager}]\n")
+    p = profile.profile_scenario(load_scenario(path), "bounded", 4, "cpu", log=lambda m: None)
+    rows = {r.name: r for r in p.rows}
+    top = [r for r in p.rows if not r.name.startswith("host: ")]
+    assert [r.name for r in top] == list(classes.CLASSES)
+    assert sum(r.ms for r in top) == pytest.approx(p.request_ms, rel=0.02)
+    assert sum(r.ms for r in p.rows if r.name.startswith("host: ")) == pytest.approx(rows["host"].ms, abs=0.01)
+    assert rows["gemm"].ms > 0 and rows["attention"].ms > 0 and rows["norms_elementwise"].ms > 0
+    assert rows["gemm"].floor_ms is not None and "GFLOP" in rows["gemm"].work
+    written = profile.write(p, tmp_path / "out")
+    assert [f.name for f in written] == ["profile.json", "profile.csv", "profile.html"]
+    assert "Where a request" in (tmp_path / "out" / "profile.html").read_text()
