@@ -221,3 +221,28 @@ def tiny_engine(tiny_dir_f32):
     engine = start(tiny_dir_f32, bounds=Bounds(max_samples_per_request=4, max_prompt_tokens=60))
     yield engine
     engine.stop()
+
+
+def test_calls_are_rounded_to_a_token_bucket_by_an_unscored_filler(tiny_dir_f32):
+    from engines.bounded.tasks.prefill import TOKEN_BUCKET, ScoreItem
+
+    engine = start(tiny_dir_f32, bounds=Bounds(max_samples_per_request=4, max_prompt_tokens=40))
+    try:
+        task = engine.tasks["prefill_only"]
+        rng = random.Random(5)
+        items = [ScoreItem(f"r{i}", random_seqs(rng, 3, 1, 40), [5, 9]) for i in range(4)]
+        for it in items:
+            batch = task.pack([it])
+            assert batch.packed.num_tokens % TOKEN_BUCKET == 0 or batch.packed.num_seqs == 3
+            assert batch.rows == [(0, 3)]  # the filler (a 4th sequence) is never scored
+        # the answers are those of the samples alone
+        req = [PrefillRequest(it.id, it.seqs, it.label_ids) for it in items]
+        results = asyncio.run(gather(engine, req))
+        errs, agree = compare(tiny_dir_f32, req, results)
+        assert errs.max() < 1e-5 and agree.min() == 1
+        # no room for a filler: the call runs as it is
+        assert task._filler(task.plan.max_tokens - 1, 1) == 1  # 160 tokens: still within the budget
+        assert task._filler(33, task.plan.max_seqs) == 0  # no room for one more sequence
+        assert task._filler(33, 1) == TOKEN_BUCKET - 1 and task._filler(64, 1) == 0
+    finally:
+        engine.stop()
