@@ -40,7 +40,7 @@ from engines.bounded.plan import BeamPlan
 from engines.bounded.programs.beam import BeamDecodeStep, BeamHeadTail, BeamPrefill
 from engines.bounded.runtime import export
 from engines.bounded.runtime.beam_batch import BeamBatch, BeamJob, BeamOutput, BeamState
-from engines.bounded.runtime.buffers import BeamBuffers
+from engines.bounded.runtime.buffers import BeamBuffers, filler
 from engines.bounded.runtime.compiled import CompiledRuntime, Graph, threads_for
 from engines.bounded.runtime.graphs import Backend, CudaBackend, GraphSet
 
@@ -161,10 +161,14 @@ class BeamRuntime(CompiledRuntime):
         graph, width = self.step_graph(max(j.width for j in jobs))
         if max(j.width for j in jobs) > p.max_width or r * width > p.max_rows or steps > p.max_steps:
             raise ValueError(f"{r} requests x {width} beams x {steps} steps exceed the planned buffers")
-        packed = buf.pack.pack([list(j.prompt) for j in jobs])
-        # [R, hidden]; [layers, R, Hkv, L, D]
+        prompts = [list(j.prompt) for j in jobs]
+        extra = filler(sum(map(len, prompts)), r, p.max_requests * p.max_prompt, p.max_requests, p.max_prompt) \
+            if self.device.type == "cpu" else 0
+        packed = buf.pack.pack(prompts + [[0] * extra] * (extra > 0))  # a filler prompt rounds the tokens up
+        # [R, hidden]; [layers, R, Hkv, L, D] (the filler's row, if any, dropped)
         with threads_for(self.device, packed.num_tokens * self.cfg.token_flops):
             hidden, k, v = self._prefill(*packed.varlen_args())
+        hidden, k, v = hidden[:r], k[:, :r], v[:, :r]
         longest = k.shape[3]
         rows = self._rows_bucket(r, width)
         stride = p.max_prompt if self.graphs is not None else longest
@@ -176,7 +180,7 @@ class BeamRuntime(CompiledRuntime):
             pk[:, :r, :, :longest].copy_(k)
             pv[:, :r, :, :longest].copy_(v)
         prompt_len = buf.prompt_len[:rows]
-        prompt_len[:r].copy_(packed.cu_seqlens[1:] - packed.cu_seqlens[:-1])
+        prompt_len[:r].copy_(packed.cu_seqlens[1:r + 1] - packed.cu_seqlens[:r])
         if rows > r:  # padding requests: one valid (stale) key, so their rows stay finite
             prompt_len[r:].fill_(1)
             buf.rows[r * width:rows * width].copy_(torch.arange(r * width, rows * width, device=self.device))

@@ -23,19 +23,12 @@ from engines.base import PREFILL_ONLY, Bounds, EngineConfig, PrefillRequest, Pre
 from engines.bounded.model.precision import PrecisionPolicy
 from engines.bounded.options import BoundedOptions
 from engines.bounded.plan import Plan, PrefillPlan
-from engines.bounded.runtime.buffers import PackedBatch
+from engines.bounded.runtime.buffers import PackedBatch, filler
 from engines.bounded.runtime.prefill import PrefillRuntime
 from engines.bounded.tasks.base import Task
 from engines.bounded.tasks.batcher import Pending
 from engines.bounded.tasks.dag import Dag, Node
 from engines.bounded.tasks.gate import Distance
-
-
-# A scoring call's token count is rounded up to a multiple of this with an unscored filler
-# sequence: oneDNN builds a GEMM kernel for each new row count (~0.7 ms a linear on the tiny
-# model against 0.03 ms cached), and token counts vary request by request; rounded, a few
-# shapes recur. The filler costs at most 31 tokens of work.
-TOKEN_BUCKET = 32
 
 
 @dataclass(frozen=True)
@@ -160,19 +153,17 @@ class PrefillTask(Task):
             prefix += [-1] + [start] * (len(it.seqs) - 1) if it.shared else [-1] * len(it.seqs)
             seqs.extend(it.seqs)
             rows.append((start + it.shared, len(seqs)))  # a shared query is not scored
-        filler = self._filler(sum(map(len, seqs)), len(seqs))
-        if filler:  # an unscored sequence that rounds the token count up (see TOKEN_BUCKET)
-            seqs.append([0] * filler)
+        extra = self._filler(sum(map(len, seqs)), len(seqs))
+        if extra:  # an unscored sequence that rounds the token count up (runtime/buffers.TOKEN_BUCKET)
+            seqs.append([0] * extra)
             prefix.append(-1)
         packed, labels = self.runtime.pack(seqs, union, prefix)
         return ScoreBatch(packed, labels, rows, [torch.tensor([col[t] for t in it.label_ids]) for it in items])
 
     def _filler(self, tokens: int, seqs: int) -> int:
-        """Tokens of a filler sequence that brings the call to a multiple of TOKEN_BUCKET, or
-        0 when it is one already or the plan has no room for it."""
-        n = -tokens % TOKEN_BUCKET
+        """Tokens of the filler sequence of a CPU call (runtime/buffers.filler)."""
         p = self.plan
-        return n if n and tokens + n <= p.max_tokens and seqs < p.max_seqs and n <= p.max_len else 0
+        return filler(tokens, seqs, p.max_tokens, p.max_seqs, p.max_len) if self.runtime.device.type == "cpu" else 0
 
     def prefill(self, batch: ScoreBatch) -> Tensor:
         return self.runtime.run(batch.packed, batch.label_union)  # [S, N_union]

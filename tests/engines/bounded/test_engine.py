@@ -224,7 +224,8 @@ def tiny_engine(tiny_dir_f32):
 
 
 def test_calls_are_rounded_to_a_token_bucket_by_an_unscored_filler(tiny_dir_f32):
-    from engines.bounded.tasks.prefill import TOKEN_BUCKET, ScoreItem
+    from engines.bounded.runtime.buffers import TOKEN_BUCKET
+    from engines.bounded.tasks.prefill import ScoreItem
 
     engine = start(tiny_dir_f32, bounds=Bounds(max_samples_per_request=4, max_prompt_tokens=40))
     try:
