@@ -7,12 +7,10 @@ decode-step graph per width bucket W (fixed W rows per request; dynamic number o
 R, so B = W * R rows, and dynamic prompt length P). A request of width w runs in the
 smallest compiled bucket W >= w (the padding rows are wasted work); eagerly, a batch runs
 at its own widest request. Once compiled, the eager model's weights are freed but for the
-head, which runs outside the graphs. The prompt K/V of each request is written once, after
-the prefill; each beam keeps only its suffix K/V, in two ping-pong buffers: reordering
-beams after a step gathers the suffix rows into the other buffer, and nothing else moves.
-
-What a batch carries between the moves (jobs, shapes, device metadata, beams; the row
-layout) is typed in runtime/beam_batch.py.
+head, which runs outside the graphs (runtime/beam_head.py). The prompt K/V of each request
+is written once, after the prefill; each beam keeps only its suffix K/V, in two ping-pong
+buffers: reordering beams after a step gathers the suffix rows into the other buffer, and
+nothing else moves. What a batch carries between the moves is typed in runtime/beam_batch.py.
 
 On a GPU the decode step (transformer body and head) is a CUDA graph per (width bucket,
 requests bucket, ping-pong parity), captured at start on the planned buffers
@@ -32,13 +30,14 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from engines.bounded.kernels import head, select
+from engines.bounded.kernels import select
 from engines.bounded.kernels.constraints import ROOT
+from engines.bounded.kernels.head import LogitRows
 from engines.bounded.model.families import read_model_config
 from engines.bounded.model.precision import PrecisionPolicy
 from engines.bounded.plan import BeamPlan
-from engines.bounded.programs.beam import BeamDecodeStep, BeamHeadTail, BeamPrefill
-from engines.bounded.runtime import export
+from engines.bounded.programs.beam import BeamDecodeStep, BeamPrefill
+from engines.bounded.runtime import beam_head, export
 from engines.bounded.runtime.beam_batch import BeamBatch, BeamJob, BeamOutput, BeamState
 from engines.bounded.runtime.buffers import BeamBuffers, filler
 from engines.bounded.runtime.compiled import CompiledRuntime, Graph, threads_for
@@ -71,40 +70,28 @@ class BeamRuntime(CompiledRuntime):
         cfg = read_model_config(self.model_dir)
         steps = [export.beam_step(p, w, cfg, lambda: BeamDecodeStep(self.model()).eval(), d)
                  for w in sorted(set(p.widths))]
-        tail = [export.beam_head_tail(p, cfg.vocab, len(self.banned_ids), self._tail_dtype(), self._head_tail, d)] if self._summarised() else []
+        tail = [export.beam_head_tail(p, cfg.vocab, len(self.banned_ids), getattr(torch, self.policy.dtype),
+                                      lambda: beam_head.tail_program(cfg.vocab), d)] if self._summarised() else []
         return [export.beam_prefill(p, lambda: self._program(BeamPrefill), d), *steps, *tail]
 
     def eager_graphs(self) -> dict[str, Graph]:
         graphs = {"beam_prefill": self._program(BeamPrefill), "beam_step": BeamDecodeStep(self.model()).eval()}
-        return {**graphs, "beam_head_tail": self._head_tail()} if self._summarised() else graphs
+        tail = beam_head.tail_program(read_model_config(self.model_dir).vocab) if self._summarised() else None
+        return {**graphs, beam_head.TAIL: tail} if tail is not None else graphs
 
     def _summarised(self) -> bool:
-        """Does the head's tail summarise the logits (kernels.head.logit_summary) instead of
-        writing float32 log-probabilities? On a CPU in a low-precision float plan: a float32
-        plan keeps transformers' log-softmax bit for bit, the int8 head writes float32
-        anyway, and a GPU's decode steps are captured with the log-probabilities."""
-        return (self.device.type == "cpu" and self.policy.dtype in ("bfloat16", "float16")
-                and self.policy.gemm_kind("head") != "int8" and len(self.banned_ids) > 0)
-
-    def _tail_dtype(self) -> torch.dtype:
-        return getattr(torch, self.policy.dtype)
-
-    def _head_tail(self) -> BeamHeadTail:
-        return BeamHeadTail(head.block_size(read_model_config(self.model_dir).vocab)).eval()
+        return beam_head.summarised(self.device, self.policy, len(self.banned_ids))
 
     def serve(self, graphs: dict[str, Graph], compiled: bool) -> None:
         self._prefill = graphs["beam_prefill"]
         # width bucket -> step graph; eagerly one graph that runs at any width
         self._steps = {w: graphs[f"beam_step_w{w}"] for w in sorted(set(self.plan.widths))} if compiled else None
         self._eager_step = None if compiled else graphs["beam_step"]
-        model = self.model()
-        self.head_weight, self.cfg = model.lm_head, model.cfg  # [V, hidden]
-        self.buffers = BeamBuffers(model.cfg, self.plan, self.head_weight.dtype, self.device)
-        self.banned = torch.tensor(self.banned_ids, dtype=torch.int64, device=self.device)
-        self._tail = graphs.get("beam_head_tail")  # None: the float32 log-probabilities
-        self.status["head_tail"] = "logit summary" if self._tail is not None else "float32 log-probabilities"
-        self.packed_head = head.prepack_head(self.head_weight, self.plan.max_width)
-        self.int8_head = head.Int8Head.of(self.head_weight) if self.policy.gemm_kind("head") == "int8" else None
+        model, tail = self.model(), graphs.get(beam_head.TAIL)  # tail None: float32 log-probabilities
+        self.cfg, self.buffers = model.cfg, BeamBuffers(model.cfg, self.plan, model.lm_head.dtype, self.device)
+        banned = torch.tensor(self.banned_ids, dtype=torch.int64, device=self.device)
+        self.head = beam_head.BeamHead(model.lm_head, banned, self.buffers, self.policy, self.plan.max_width, tail)
+        self.status["head_tail"] = "logit summary" if tail is not None else "float32 log-probabilities"
         self.status["buffers_mib"] = round(self.buffers.nbytes() / 2**20, 1)
         self._capture_steps()
 
@@ -202,7 +189,7 @@ class BeamRuntime(CompiledRuntime):
             return batch  # this batch generates fewer tokens than the DAG's last step
         if j == 1:
             r = batch.requests
-            logp = self._view(self._head(batch.hidden), r, 1)  # [R, 1, V]: one live beam, the prompt
+            logp = beam_head.view(self.head(batch.hidden), r, 1)  # [R, 1, V]: one live beam, the prompt
             cum = torch.zeros(r, 1, device=self.device)
             nodes = torch.full((r, 1), ROOT, dtype=torch.int64, device=self.device)
             batch.state = self._select(batch, logp, cum, nodes, BeamState.empty(batch.requests, batch.width, batch.steps, self.device), 0)
@@ -235,7 +222,7 @@ class BeamRuntime(CompiledRuntime):
         def call() -> tuple[Tensor, Tensor, Tensor]:
             with threads_for(self.device, body):
                 hidden, nk, nv = step(tokens, positions, pk, pv, prompt_len, sk, sv, buf.suffix_len)
-            return self._head(hidden), nk, nv
+            return self.head(hidden), nk, nv
         return call
 
     def _decode(self, batch: BeamBatch, t: int) -> Tensor:
@@ -259,29 +246,8 @@ class BeamRuntime(CompiledRuntime):
         if t - 1 < self.plan.suffix_slots and t < batch.steps - 1:  # read by a later pass
             dst[0][:, :, t - 1].copy_(nk)
             dst[1][:, :, t - 1].copy_(nv)
-        return self._view(logp, rows, w).requests(slice(0, r)) if isinstance(logp, head.LogitRows) \
+        return beam_head.view(logp, rows, w).requests(slice(0, r)) if isinstance(logp, LogitRows) \
             else logp.view(rows, w, -1)[:r]
-
-    @staticmethod
-    def _view(out: Tensor | head.LogitRows, r: int, w: int) -> Tensor | head.LogitRows:
-        return out.view(r, w) if isinstance(out, head.LogitRows) else out.view(r, w, -1)
-
-    def _head(self, hidden: Tensor) -> Tensor | head.LogitRows:
-        # hidden: [rows, hidden] -> log-probabilities [rows, V] in the planned buffer, or the
-        # logits and their summary (LogitRows, rows [rows, 1])
-        with torch.profiler.record_function("bounded::head"), \
-                threads_for(self.device, 2 * hidden.numel() * self.cfg.vocab):
-            return self._head_rows(hidden)
-
-    def _head_rows(self, hidden: Tensor) -> Tensor | head.LogitRows:
-        logp, logits = self.buffers.head_views(hidden.shape[0])
-        if self._tail is not None:
-            x = head.head_logits(hidden, self.head_weight, logits, self.packed_head)  # [rows, V]
-            lse, block_max = self._tail(x, head.ban_logits(x, self.banned))
-            return head.LogitRows(x[:, None], lse[:, None], block_max[:, None], head.block_size(x.shape[1]))
-        if self.int8_head is not None:
-            return head.log_probs_of(self.int8_head(hidden, logp), self.banned, logp)  # in place
-        return head.head_log_probs(hidden, self.head_weight, self.banned, logp, logits, self.packed_head)
 
     def _select(self, batch: BeamBatch, logp: Tensor, cum: Tensor, nodes: Tensor, state: BeamState,
                 t: int) -> BeamState:

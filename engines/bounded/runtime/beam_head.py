@@ -1,0 +1,65 @@
+"""The full-vocabulary head of a beam step, on the planned buffers: the GEMM (prepacked for
+oneDNN, or int8) and its tail -- float32 log-probabilities, or on a CPU in a low-precision
+float plan the logits' summary (kernels/head.logit_summary, compiled as the
+`beam_head_tail` package), which the choice of beams reads instead (kernels/select.py).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+from engines.bounded.kernels import head
+from engines.bounded.model.precision import PrecisionPolicy
+from engines.bounded.programs.beam import BeamHeadTail
+from engines.bounded.runtime.buffers import BeamBuffers
+from engines.bounded.runtime.compiled import threads_for
+
+TAIL = "beam_head_tail"  # the package name (runtime.export)
+
+
+def summarised(device: torch.device, policy: PrecisionPolicy, banned: int) -> bool:
+    """Does the head's tail summarise the logits instead of writing float32 log-probabilities?
+    On a CPU in a low-precision float plan: a float32 plan keeps transformers' log-softmax bit
+    for bit, the int8 head writes float32 anyway, and a GPU's decode steps are captured with
+    the log-probabilities."""
+    return (device.type == "cpu" and policy.dtype in ("bfloat16", "float16")
+            and policy.gemm_kind("head") != "int8" and banned > 0)
+
+
+def tail_program(vocab: int) -> BeamHeadTail:
+    return BeamHeadTail(head.block_size(vocab)).eval()
+
+
+class BeamHead:
+    def __init__(self, weight: Tensor, banned: Tensor, buffers: BeamBuffers, policy: PrecisionPolicy,
+                 rows: int, tail: Optional[Any]):
+        """weight [V, hidden]; banned [E] ids; `rows`: the GEMM's planned rows (the oneDNN
+        prepacking hint); `tail`: the compiled (or eager) BeamHeadTail, None for the float32
+        log-probabilities."""
+        self.weight, self.banned, self.buffers, self.tail = weight, banned, buffers, tail
+        self.packed = head.prepack_head(weight, rows)
+        self.int8 = head.Int8Head.of(weight) if policy.gemm_kind("head") == "int8" else None
+
+    def __call__(self, hidden: Tensor) -> Tensor | head.LogitRows:
+        """hidden [rows, hidden] -> log-probabilities [rows, V] in the planned buffer, or the
+        logits and their summary (LogitRows [rows, 1, ...])."""
+        with torch.profiler.record_function("bounded::head"), \
+                threads_for(hidden.device, 2 * hidden.numel() * self.weight.shape[0]):
+            return self._rows(hidden)
+
+    def _rows(self, hidden: Tensor) -> Tensor | head.LogitRows:
+        logp, logits = self.buffers.head_views(hidden.shape[0])
+        if self.tail is not None:
+            x = head.head_logits(hidden, self.weight, logits, self.packed)  # [rows, V]
+            lse, block_max = self.tail(x, head.ban_logits(x, self.banned))
+            return head.LogitRows(x[:, None], lse[:, None], block_max[:, None], head.block_size(x.shape[1]))
+        if self.int8 is not None:
+            return head.log_probs_of(self.int8(hidden, logp), self.banned, logp)  # in place
+        return head.head_log_probs(hidden, self.weight, self.banned, logp, logits, self.packed)
+
+
+def view(out: Tensor | head.LogitRows, r: int, w: int) -> Tensor | head.LogitRows:
+    """A head's output for rows [r * w] as [r, w, ...]."""
+    return out.view(r, w) if isinstance(out, head.LogitRows) else out.view(r, w, -1)
