@@ -20,6 +20,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from harness.agreement import agreement
 from harness.report import plots
 from harness.report.rundir import RunFiles, load_run, stage_times
+from harness.report.scenario_view import load_ran
 
 COMPARED = [("mean_ms", "mean ms", "ms"), ("p99_ms", "P99 ms", "ms"), ("qps", "req/s", "g"),
             ("samples_per_s", "samples/s", "g"), ("mfu", "MFU", "pct")]
@@ -157,9 +158,12 @@ def xlabel(run: RunFiles) -> str:
 def figures(run: RunFiles) -> list[dict[str, str]]:
     slo = run.run.get("slo") or run.run.get("scenario", {}).get("content", {}).get("slo") or {}
     figs = param_figures(run, slo) if run.swept else []
+    latency = load_series(run, "mean_ms", "p99_ms")
+    one = plots.single_point(latency) is not None  # one load point: bars, not lone dots
     figs += [
-        ("Latency against offered load", plots.latency_vs_load(load_series(run, "mean_ms", "p99_ms"), xlabel(run), slo),
-         "Mean (solid) and P99 (dashed) per engine; horizontal lines are the scenario's SLO."),
+        ("Latency against offered load", plots.latency_vs_load(latency, xlabel(run), slo),
+         ("Mean (filled) and P99 (hatched) per engine at the run's one load point"
+          if one else "Mean (solid) and P99 (dashed) per engine") + "; horizontal lines are the scenario's SLO."),
         ("Latency distribution", plots.latency_cdf(run.requests, slo, run.engines),
          "Empirical CDF of measured (non-warm-up, answered) requests, a line per load point."),
         ("Effective MFU", plots.mfu_vs_load(load_series(run, "mfu"), xlabel(run)),
@@ -230,6 +234,7 @@ def run_view(run: RunFiles, baseline: str | None, tag: str = "") -> dict[str, An
     sc = run.run.get("scenario", {})
     has = lambda c: c in run.sweep and bool(run.sweep[c].notna().any())  # noqa: E731
     return {"tag": tag, "label": run.label, "path": str(run.path), "run": run.run, "scenario": sc.get("content", {}),
+            "load": load_ran(run),
             "swept": run.swept, "beam": has("beams_per_s"), "codes": has("valid_code_rate"),
             "failed_cells": int((run.sweep["status"] == "failed").sum()),
             "scenario_text": sc.get("text", ""), "baseline": base, "rows": summary_rows(run, base),

@@ -96,7 +96,7 @@ def test_report_of_a_folder_that_is_not_a_run(tmp_path):
     ("results.csv", "", "results.csv: not a results table of `bench run` (No columns to parse"),
     ("requests.csv", "a,b\n", "requests.csv: not a requests table of `bench run` (no column engine"),
     ("run.json", "[]", "run.json: not what `bench run` writes"),
-    ("run.json", '{"engines": [1]}', "run.json: not what `bench run` writes"),
+    ("run.json", '{"engines": [1]}', "run.json: field engines.0: an object expected, got a number"),
 ])
 def test_report_of_a_run_folder_with_a_broken_file(prefill_run, tmp_path, name, text, message):
     broken = tmp_path / "run"
