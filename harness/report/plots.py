@@ -12,7 +12,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from matplotlib.ticker import LogLocator, MaxNLocator, NullFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 DPI = 80
 SLO_STYLE = {"mean_ms": dict(color="0.35", ls=":", lw=1.2), "p99_ms": dict(color="tab:red", ls="-.", lw=1.2)}
@@ -42,15 +42,19 @@ def _slo_lines(ax, slo: dict, horizontal: bool = True) -> None:
 
 
 def _tidy_ticks(ax) -> None:
-    """Few enough tick labels that they never overlap, even on a narrow panel: at most 6
-    numbered ticks per axis (log axes: decades only, the minor ticks unlabelled)."""
+    """Log axes with few enough tick labels that they never overlap, even on a narrow panel
+    (matplotlib labels minor ticks over a short log range, on top of each other): 1, 2, 5 of
+    each decade over a short range, the decades alone over a long one. Linear axes keep
+    matplotlib's own choice, which sizes the ticks to the panel."""
     for axis, scale in ((ax.xaxis, ax.get_xscale()), (ax.yaxis, ax.get_yscale())):
         if scale == "log":
             axis.set_minor_formatter(NullFormatter())
             if isinstance(axis.get_major_locator(), LogLocator):  # not a swept parameter's own values
-                axis.set_major_locator(LogLocator(base=10, numticks=6))
-        elif isinstance(axis.get_major_locator(), MaxNLocator):  # matplotlib's default (AutoLocator)
-            axis.set_major_locator(MaxNLocator(nbins=6 if axis is ax.yaxis else 5))
+                lo, hi = sorted(axis.get_view_interval())
+                few = lo > 0 and math.log10(hi / lo) < 2.5  # 1, 2, 5 per decade, written as plain numbers
+                axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if few else (1.0,), numticks=8))
+                if few:
+                    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
 
 
 def single_point(series: list[Series]) -> float | None:
