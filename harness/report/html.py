@@ -222,8 +222,29 @@ def search_rows(run: RunFiles, baseline: str | None) -> list[dict[str, Any]]:
             for s in run.searches]
 
 
+SGLANG_ON_CPU = ("{engine} ran on a CPU with SGLang's torch_native attention: SGLang's own CPU kernels "
+                 "(sgl-kernel's CPU build, intel_amx attention) are source builds not on the package registry, "
+                 "so these are not SGLang's best CPU figures")
+
+
+def engine_notes(run: RunFiles) -> list[str]:
+    """What a reader must know to compare an engine fairly: SGLang on a CPU runs its
+    torch_native attention, not its own CPU kernels."""
+    out = []
+    for e in run.run.get("engines", []):
+        d = e.get("describe") or {}
+        settings = d.get("server_settings") if isinstance(d.get("server_settings"), dict) else {}
+        real = d.get("name") == "sglang" and "served_engine" not in d  # not `bench serve` behind the sglang client
+        on_cpu = settings.get("device") == "cpu" or settings.get("attention_backend") == "torch_native" or (
+            not settings and d.get("device") == "cpu")
+        if real and on_cpu and not e.get("skipped"):
+            out.append(SGLANG_ON_CPU.format(engine=e["name"]))
+    return out
+
+
 def notes(run: RunFiles, baseline_note: str) -> list[str]:
     out = [baseline_note] if baseline_note else []
+    out += engine_notes(run)
     if not run.outputs:
         out.append("this run folder has no outputs.jsonl (older runs lack it): no agreement check")
     return out + list(run.run.get("notes") or [])

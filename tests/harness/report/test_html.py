@@ -246,3 +246,19 @@ def test_tick_labels_do_not_overlap(prefill_run, monkeypatch):
     assert len(figs) >= 3
     for fig in figs:
         assert not _overlaps(fig), _overlaps(fig)
+
+
+def test_sglang_on_a_cpu_is_noted(prefill_run):
+    """SGLang measured on a CPU runs torch_native attention (its CPU kernels are not on the
+    registry): the report says so; not for `bench serve` behind the sglang client, nor a GPU."""
+    from harness.report.html import engine_notes
+
+    run = load_run(prefill_run)
+    cpu = {"name": "sglang", "device": "cpu", "server_settings": {"device": "cpu", "attention_backend": "torch_native"}}
+    gpu = {"name": "sglang", "device": "cuda", "server_settings": {"device": "cuda", "attention_backend": "fa3"}}
+    served = {**cpu, "served_engine": {"name": "hf"}}
+    run.run["engines"] = [{"name": "sglang", "describe": cpu}, {"name": "sglang-gpu", "describe": gpu},
+                          {"name": "sglang-served", "describe": served}]
+    said = engine_notes(run)
+    assert len(said) == 1 and said[0].startswith("sglang ran on a CPU with SGLang's torch_native attention")
+    assert "torch_native attention" in render_report([run])
