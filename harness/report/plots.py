@@ -66,12 +66,17 @@ def single_point(series: list[Series]) -> float | None:
 def _bars(ax, labels: list[str], groups: list[tuple[str, list[float], dict]]) -> None:
     """Grouped bars: a group per label (engine), a bar per (name, values, style) in `groups`,
     each bar's value written above it."""
+    n = len(labels)
+    ax.figure.set_size_inches(min(14.0, max(7.0, 0.7 * n * len(groups) + 2)), ax.figure.get_size_inches()[1])
     width = 0.8 / len(groups)
-    at = np.arange(len(labels))
+    at = np.arange(n)
     for k, (name, values, style) in enumerate(groups):
         bars = ax.bar(at + (k - (len(groups) - 1) / 2) * width, values, width, label=name, **style)
-        ax.bar_label(bars, labels=[f"{v:.3g}" if math.isfinite(v) else "" for v in values], fontsize=7, padding=2)
-    ax.set_xticks(at, labels, rotation=20 if len(labels) > 4 else 0, ha="right" if len(labels) > 4 else "center")
+        if n * len(groups) <= 16:  # beyond that the values crowd each other: the table has them
+            ax.bar_label(bars, labels=[f"{v:.3g}" if math.isfinite(v) else "" for v in values], fontsize=7,
+                         padding=2)
+    ax.set_xticks(at, labels, rotation=30 if n > 4 else 0, ha="right" if n > 4 else "center",
+                  rotation_mode="anchor")
 
 
 def _log_if_wide(ax, values, axis: str = "y") -> None:
