@@ -71,7 +71,7 @@ class BoundedOptions:
                 values["max_wait_ms"] = _milliseconds(values["max_wait_ms"])
             for name in ("cuda_graphs", "share_query", "kernel_profile"):
                 if name in values:
-                    values[name] = _flag(values[name])
+                    values[name] = _flag(name, values[name])
         except (TypeError, ValueError) as e:
             raise OptionError(f"bounded-engine option {e}") from e
         opts = cls(**values)
@@ -126,7 +126,7 @@ def _milliseconds(value: Any) -> float:
     return ms
 
 
-def _flag(value: Any) -> bool:
+def _flag(name: str, value: Any) -> bool:
     """A yes/no option from YAML (a bool) or the command line (a string)."""
     if isinstance(value, bool):
         return value
@@ -135,4 +135,4 @@ def _flag(value: Any) -> bool:
         return True
     if text in ("false", "0", "no", "off"):
         return False
-    raise ValueError(f"{value!r} is not a yes/no value (true/false)")
+    raise ValueError(f"{name}={value!r}: not a yes/no value (true/false)")

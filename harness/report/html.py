@@ -21,6 +21,7 @@ from engines.base import Description
 from harness.measure.agreement import agreement
 from harness.report import plots
 from harness.report.rundir import RunFiles, load_run, stage_times
+from harness.report.scenario_view import load_ran
 
 COMPARED = [("mean_ms", "mean ms", "ms"), ("p99_ms", "P99 ms", "ms"), ("qps", "req/s", "g"),
             ("samples_per_s", "samples/s", "g"), ("mfu", "MFU", "pct")]
@@ -158,9 +159,12 @@ def xlabel(run: RunFiles) -> str:
 def figures(run: RunFiles) -> list[dict[str, str]]:
     slo = run.run.get("slo") or run.run.get("scenario", {}).get("content", {}).get("slo") or {}
     figs = param_figures(run, slo) if run.swept else []
+    latency = load_series(run, "mean_ms", "p99_ms")
+    one = plots.single_point(latency) is not None  # one load point: bars, not lone dots
     figs += [
-        ("Latency against offered load", plots.latency_vs_load(load_series(run, "mean_ms", "p99_ms"), xlabel(run), slo),
-         "Mean (solid) and P99 (dashed) per engine; horizontal lines are the scenario's SLO."),
+        ("Latency against offered load", plots.latency_vs_load(latency, xlabel(run), slo),
+         ("Mean (filled) and P99 (hatched) per engine at the run's one load point"
+          if one else "Mean (solid) and P99 (dashed) per engine") + "; horizontal lines are the scenario's SLO."),
         ("Latency distribution", plots.latency_cdf(run.requests, slo, run.engines),
          "Empirical CDF of measured (non-warm-up, answered) requests, a line per load point."),
         ("Effective MFU", plots.mfu_vs_load(load_series(run, "mfu"), xlabel(run)),
@@ -212,8 +216,29 @@ def search_rows(run: RunFiles, baseline: str | None) -> list[dict[str, Any]]:
             for s in run.searches]
 
 
+SGLANG_ON_CPU = ("{engine} ran on a CPU with SGLang's torch_native attention: SGLang's own CPU kernels "
+                 "(sgl-kernel's CPU build, intel_amx attention) are source builds not on the package registry, "
+                 "so these are not SGLang's best CPU figures")
+
+
+def engine_notes(run: RunFiles) -> list[str]:
+    """What a reader must know to compare an engine fairly: SGLang on a CPU runs its
+    torch_native attention, not its own CPU kernels."""
+    out = []
+    for e in run.run.get("engines", []):
+        d = e.get("describe") or {}
+        settings = d.get("server_settings") if isinstance(d.get("server_settings"), dict) else {}
+        real = d.get("name") == "sglang" and "served_engine" not in d  # not `bench serve` behind the sglang client
+        on_cpu = settings.get("device") == "cpu" or settings.get("attention_backend") == "torch_native" or (
+            not settings and d.get("device") == "cpu")
+        if real and on_cpu and not e.get("skipped"):
+            out.append(SGLANG_ON_CPU.format(engine=e["name"]))
+    return out
+
+
 def notes(run: RunFiles, baseline_note: str) -> list[str]:
     out = [baseline_note] if baseline_note else []
+    out += engine_notes(run)
     if not run.outputs:
         out.append("this run folder has no outputs.jsonl (older runs lack it): no agreement check")
     return out + list(run.run.get("notes") or [])
@@ -224,6 +249,7 @@ def run_view(run: RunFiles, baseline: str | None, tag: str = "") -> dict[str, An
     sc = run.run.get("scenario", {})
     has = lambda c: c in run.sweep and bool(run.sweep[c].notna().any())  # noqa: E731
     return {"tag": tag, "label": run.label, "path": str(run.path), "run": run.run, "scenario": sc.get("content", {}),
+            "load": load_ran(run),
             "swept": run.swept, "beam": has("beams_per_s"), "codes": has("valid_code_rate"),
             "failed_cells": int((run.sweep["status"] == "failed").sum()),
             "scenario_text": sc.get("text", ""), "baseline": base, "rows": summary_rows(run, base),

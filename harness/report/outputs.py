@@ -56,7 +56,31 @@ def read_outputs(path: Path) -> Answers:
                 continue
             try:
                 obj = json.loads(line)
-                answers.setdefault(obj.pop("engine"), {})[str(obj["id"])] = obj
-            except (json.JSONDecodeError, KeyError) as e:
-                raise ValueError(f"{path}:{n}: not an outputs line ({e})") from None
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not an outputs line (not JSON: {e.msg})") from None
+            why = _not_an_answer(obj)
+            if why:
+                raise ValueError(f"{path}:{n}: not an outputs line ({why})")
+            answers.setdefault(obj.pop("engine"), {})[str(obj["id"])] = obj
     return answers
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _not_an_answer(obj: Any) -> str:
+    """Why a parsed line is not an answer the agreement check can read ("" when it is)."""
+    if not isinstance(obj, dict):
+        return "not an object"
+    if not isinstance(obj.get("engine"), str) or "id" not in obj:
+        return "field engine (a string) and id are needed"
+    scores, beams = obj.get("scores"), obj.get("beams")
+    if scores is not None and not (isinstance(scores, list) and all(
+            isinstance(row, list) and all(_number(p) for p in row) for row in scores)):
+        return "field scores: a list of lists of probabilities expected"
+    if beams is not None and not (isinstance(beams, list) and all(
+            isinstance(b, dict) and isinstance(b.get("token_ids"), list) and _number(b.get("logprob"))
+            for b in beams)):
+        return "field beams: a list of {token_ids, text, logprob} expected"
+    return ""

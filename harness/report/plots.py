@@ -12,6 +12,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 DPI = 80
 SLO_STYLE = {"mean_ms": dict(color="0.35", ls=":", lw=1.2), "p99_ms": dict(color="tab:red", ls="-.", lw=1.2)}
@@ -26,6 +27,8 @@ class Series:
 
 
 def png(fig: Figure) -> str:
+    for ax in fig.axes:
+        _tidy_ticks(ax)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
     return base64.b64encode(buf.getvalue()).decode()
@@ -36,6 +39,44 @@ def _slo_lines(ax, slo: dict, horizontal: bool = True) -> None:
         v = (slo or {}).get(key)
         if v:
             (ax.axhline if horizontal else ax.axvline)(v, label=f"{label} {v:g} ms", **SLO_STYLE[key])
+
+
+def _tidy_ticks(ax) -> None:
+    """Log axes with few enough tick labels that they never overlap, even on a narrow panel
+    (matplotlib labels minor ticks over a short log range, on top of each other): 1, 2, 5 of
+    each decade over a short range, the decades alone over a long one. Linear axes keep
+    matplotlib's own choice, which sizes the ticks to the panel."""
+    for axis, scale in ((ax.xaxis, ax.get_xscale()), (ax.yaxis, ax.get_yscale())):
+        if scale == "log":
+            axis.set_minor_formatter(NullFormatter())
+            if isinstance(axis.get_major_locator(), LogLocator):  # not a swept parameter's own values
+                lo, hi = sorted(axis.get_view_interval())
+                few = lo > 0 and math.log10(hi / lo) < 2.5  # 1, 2, 5 per decade, written as plain numbers
+                axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if few else (1.0,), numticks=8))
+                if few:
+                    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+
+
+def single_point(series: list[Series]) -> float | None:
+    """The one load point every series has, when there is only one (lines would be lone dots)."""
+    xs = {float(x) for s in series for x in s.x}
+    return xs.pop() if len(xs) == 1 else None
+
+
+def _bars(ax, labels: list[str], groups: list[tuple[str, list[float], dict]]) -> None:
+    """Grouped bars: a group per label (engine), a bar per (name, values, style) in `groups`,
+    each bar's value written above it."""
+    n = len(labels)
+    ax.figure.set_size_inches(min(14.0, max(7.0, 0.7 * n * len(groups) + 2)), ax.figure.get_size_inches()[1])
+    width = 0.8 / len(groups)
+    at = np.arange(n)
+    for k, (name, values, style) in enumerate(groups):
+        bars = ax.bar(at + (k - (len(groups) - 1) / 2) * width, values, width, label=name, **style)
+        if n * len(groups) <= 16:  # beyond that the values crowd each other: the table has them
+            ax.bar_label(bars, labels=[f"{v:.3g}" if math.isfinite(v) else "" for v in values], fontsize=7,
+                         padding=2)
+    ax.set_xticks(at, labels, rotation=30 if n > 4 else 0, ha="right" if n > 4 else "center",
+                  rotation_mode="anchor")
 
 
 def _log_if_wide(ax, values, axis: str = "y") -> None:
@@ -51,6 +92,19 @@ def latency_vs_load(series: list[Series], xlabel: str, slo: dict) -> str | None:
         return None
     fig = Figure(layout="constrained", figsize=(7, 4))
     ax = fig.subplots()
+    at = single_point(series)
+    if at is not None:  # one load point: bars per engine, not lone dots on an empty axis
+        groups = [("mean", [float(s.y[0]) for s in series], dict(color=[f"C{i % 10}" for i in range(len(series))]))]
+        if any(s.y2 is not None for s in series):
+            groups.append(("P99", [float(s.y2[0]) if s.y2 is not None else float("nan") for s in series],
+                           dict(color="none", edgecolor=[f"C{i % 10}" for i in range(len(series))], hatch="//")))
+        _bars(ax, [s.label for s in series], groups)
+        _slo_lines(ax, slo)
+        _log_if_wide(ax, [v for _, vs, _ in groups for v in vs] + list((slo or {}).values()))
+        ax.set(ylabel="latency (ms)", title=f"Latency at {xlabel} {at:g}: mean (filled), P99 (hatched)")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=8, loc="best")
+        return png(fig)
     for i, s in enumerate(series):
         c = f"C{i % 10}"
         ax.plot(s.x, s.y, "o-", color=c, label=f"{s.label} mean")
@@ -99,6 +153,14 @@ def mfu_vs_load(series: list[Series], xlabel: str) -> str | None:
         return None
     fig = Figure(layout="constrained", figsize=(7, 3.6))
     ax = fig.subplots()
+    at = single_point(series)
+    if at is not None:  # one load point: a bar per engine
+        _bars(ax, [s.label for s in series], [("effective MFU", [100 * float(s.y[0]) for s in series],
+                                               dict(color=[f"C{i % 10}" for i in range(len(series))]))])
+        ax.set(ylabel="effective MFU (%)", title=f"Effective MFU at {xlabel} {at:g}", ylim=(0, None))
+        ax.margins(y=0.15)
+        ax.grid(axis="y", alpha=0.3)
+        return png(fig)
     for i, s in enumerate(series):
         ax.plot(s.x, [100 * v for v in s.y], "o-", color=f"C{i % 10}", label=s.label)
     ax.set(xlabel=xlabel, ylabel="effective MFU (%)", title="Effective MFU", ylim=(0, None))

@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 
 from harness.report.outputs import Answers, read_outputs
+from harness.report.schema import FILLED, MAX_MS, REQUEST_RANGES, RESULT_RANGES, check_numbers, check_run_json
 
 NEEDED = ("run.json", "results.csv")
 # what every results.csv of `bench run` has (older runs lack the sweep's columns: read_results adds them)
@@ -63,6 +64,29 @@ def _bool(col: pd.Series) -> pd.Series:
     return col.astype(str).str.lower().isin(["true", "1"])
 
 
+def _check_text(df: pd.DataFrame, columns: tuple[str, ...], where: str) -> None:
+    """Columns that name things (engine, load mode, status) must be filled."""
+    for col in columns:
+        blank = df[col].isna() | (df[col].astype(str).str.strip() == "")
+        if blank.any():
+            raise ValueError(f"{where}: row {int(blank.to_numpy().nonzero()[0][0]) + 2}, column {col}: blank")
+
+
+def _stages(text: Any, where: str, i: int) -> str:
+    """A request's stage times: blank, or a JSON object of milliseconds by stage."""
+    if pd.isna(text) or not str(text).strip():
+        return ""
+    try:
+        stages = json.loads(str(text))
+    except json.JSONDecodeError:
+        stages = None
+    ok = isinstance(stages, dict) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                          and 0 <= v <= MAX_MS for v in stages.values())
+    if not ok:
+        raise ValueError(f"{where}: row {i + 2}, column stages: not a JSON object of milliseconds per stage")
+    return str(text)
+
+
 def read_results(path: Path) -> pd.DataFrame:
     try:
         df = pd.read_csv(path, keep_default_na=False, na_values=["nan", "NaN", ""],
@@ -72,6 +96,8 @@ def read_results(path: Path) -> pd.DataFrame:
     missing = [c for c in RESULT_COLUMNS if c not in df]
     if missing:
         raise ValueError(f"{path}: not a results table of `bench run` (no column {', '.join(missing)})")
+    check_numbers(df, RESULT_RANGES, str(path), FILLED)
+    _check_text(df, ("engine", "load_mode"), str(path))
     for c in ("p99_estimate", "fell_behind", "probe"):
         df[c] = _bool(df[c]) if c in df else False
     for c in TEXT_COLUMNS:  # older runs lack the sweep's columns: one cell, every point ok
@@ -91,6 +117,10 @@ def read_requests(path: Path) -> pd.DataFrame:
     missing = [c for c in ("engine", "load_mode", "load_value", "warmup", "status", "latency_ms") if c not in df]
     if missing:
         raise ValueError(f"{path}: not a requests table of `bench run` (no column {', '.join(missing)})")
+    check_numbers(df, REQUEST_RANGES, str(path), {"load_value"})
+    _check_text(df, ("engine", "load_mode", "status"), str(path))
+    if "stages" in df:
+        df["stages"] = [_stages(s, str(path), i) for i, s in enumerate(df["stages"])]
     df["warmup"] = _bool(df["warmup"])
     df["engine"] = df["engine"].astype(str)
     df["cell"] = df["cell"].fillna("").astype(str) if "cell" in df else ""
@@ -109,10 +139,7 @@ def load_run(path: str | Path) -> RunFiles:
         raise ValueError(f"{path / 'run.json'}: not valid JSON: {e.msg}") from None
     except UnicodeDecodeError:
         raise ValueError(f"{path / 'run.json'}: not UTF-8 text") from None
-    engines = run.get("engines", []) if isinstance(run, dict) else None
-    if not isinstance(engines, list) or not all(isinstance(e, dict) and isinstance(e.get("name"), str)
-                                                for e in engines):
-        raise ValueError(f"{path / 'run.json'}: not what `bench run` writes (an object with an engines list)")
+    check_run_json(run, str(path / "run.json"))
     return RunFiles(path, run, read_results(path / "results.csv"), read_requests(path / "requests.csv"),
                     read_outputs(path / "outputs.jsonl"))
 

@@ -77,5 +77,5 @@ def load_scenario(path: str | Path) -> Scenario:
         raise ScenarioError(f"{path}: not valid YAML: {e}") from None
     if data is None:
         raise ScenarioError(f"{path}: the file is empty (or only comments); a scenario is a mapping of fields, "
-                            f"see scenarios/prefill_15.yaml")
+                            f"see scenarios/reference.yaml, which has every field")
     return parse_scenario(data, str(path))

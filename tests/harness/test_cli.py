@@ -310,3 +310,13 @@ def test_scenarios_of_something_that_is_not_a_folder(tmp_path):
         assert res.exit_code == 2 and "not a folder of scenario files" in " ".join(res.output.split()), res.output
     res = CliRunner().invoke(app, ["scenarios", str(SCENARIOS)])
     assert res.exit_code == 0 and "smoke_beam" in res.output
+
+
+def test_a_bad_yes_no_option_names_the_option(tmp_path, tiny_dir):
+    """`--option share_query=banana` said only "'banana' is not a yes/no value"."""
+    requests = tmp_path / "in.jsonl"
+    requests.write_text('{"id": "a", "kind": "prefill_only", "samples": ["hi"], "labels": [" yes", " no"]}\n')
+    res = CliRunner().invoke(app, ["infer", "--engine", "bounded", "--model", str(tiny_dir), "--input", str(requests),
+                                   "--output", str(tmp_path / "out.jsonl"), "--option", "share_query=banana"])
+    assert res.exit_code == 2, res.output
+    assert "share_query='banana': not a yes/no value" in " ".join(res.output.split())

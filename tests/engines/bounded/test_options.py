@@ -47,7 +47,8 @@ def test_unknown_option_lists_the_known_ones():
     ({"fp8": 5}, "fp8=5: give a GEMM group or a list of them"),  # was "'int' object is not iterable"
     ({"residual": [1]}, "residual=[1]: a name is expected"),  # was "unhashable type: 'list'"
     ({"prefill_attention": "flash"}, "prefill_attention='flash'; choose one of auto, per_sequence, padded"),
-    ({"cuda_graphs": "maybe"}, "'maybe' is not a yes/no value"),
+    ({"cuda_graphs": "maybe"}, "cuda_graphs='maybe': not a yes/no value"),
+    ({"share_query": "banana"}, "share_query='banana': not a yes/no value"),  # named only the value
 ])
 def test_bad_values_say_what_is_allowed(options, says):
     with pytest.raises(OptionError, match=says.replace("[", r"\[").replace("]", r"\]")):

@@ -10,11 +10,12 @@ import yaml
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-def dump_dom(page, profile) -> str:
+def dump_dom(page, profile, width: int = 1280) -> str:
     """The DOM after load, as the page's own script left it (virtual time lets the load
-    event and the script run before the dump)."""
+    event and the script run before the dump), in a window `width` pixels wide."""
     cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           f"--window-size={width},900",
            f"--user-data-dir={profile}", "--virtual-time-budget=5000", "--dump-dom", page.as_uri()]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -70,3 +71,34 @@ def test_a_sweep_report_shows_its_failed_cell_in_chromium(tmp_path):
             assert '<b class="bad">failed</b>' in body and "beam_width" in body and "8" in body
         else:
             assert "<td>2 / 2</td>" in body
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+def test_the_report_fits_a_1280_pixel_window(prefill_run, tmp_path):
+    """No horizontal page scroll at 1280 px, even with long unbroken text in the warnings,
+    paths and engine settings: wide tables scroll inside their own box, text cells wrap. The
+    page's script writes the page's scroll width against the window's into the DOM."""
+    import json
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from harness.cli import app
+
+    wide = tmp_path / "wide"
+    shutil.copytree(prefill_run, wide)
+    run = json.loads((wide / "run.json").read_text())
+    long = "x" * 400
+    run["warnings"] = run["warnings"] + [f"a warning with an unbroken {long}"]
+    run["model_dir"] = "/very/long/path/" + "/".join(["segment"] * 60)
+    run["engines"][0]["describe"]["settings"] = {f"option_{k}": long[:40] for k in range(30)}
+    run["command"] = ["bench", "run", "--out", "/" + long]
+    (wide / "run.json").write_text(json.dumps(run))
+    res = CliRunner().invoke(app, ["report", str(wide)])
+    assert res.exit_code == 0, res.output
+    for page in (prefill_run / "report.html", wide / "report.html"):
+        dom = dump_dom(page, tmp_path / "profile")
+        marker = re.search(r'data-page-width="(\d+)/(\d+)"', dom)
+        assert marker, "the page's load script did not run"
+        scroll, client = map(int, marker.groups())
+        assert 1200 <= client <= 1280 and scroll <= client, f"{page}: page {scroll} px wide in a {client} px window"

@@ -96,7 +96,7 @@ def test_report_of_a_folder_that_is_not_a_run(tmp_path):
     ("results.csv", "", "results.csv: not a results table of `bench run` (No columns to parse"),
     ("requests.csv", "a,b\n", "requests.csv: not a requests table of `bench run` (no column engine"),
     ("run.json", "[]", "run.json: not what `bench run` writes"),
-    ("run.json", '{"engines": [1]}', "run.json: not what `bench run` writes"),
+    ("run.json", '{"engines": [1]}', "run.json: field engines.0: an object expected, got a number"),
 ])
 def test_report_of_a_run_folder_with_a_broken_file(prefill_run, tmp_path, name, text, message):
     broken = tmp_path / "run"
@@ -166,3 +166,99 @@ def test_precision_label_beside_agreement():
     assert precision_label({"precision": refused}).endswith("(accuracy gate: further from float32 than bf16, accepted)")
     dense = {"summary": "bfloat16", "accuracy_gate": "not needed: no low-precision GEMM group"}
     assert precision_label({"precision": dense}) == "bfloat16"
+
+
+def test_scenario_table_shows_what_ran_beside_the_file(prefill_run):
+    """smoke_prefill asks concurrency [1, 2], 20 requests and 2 warm-ups per point; the run
+    had --requests 4: the table says 4 with the file's 20 beside it, and no note where the
+    file's values are what ran."""
+    from harness.report.scenario_view import load_ran
+
+    view = load_ran(load_run(prefill_run))
+    ran = {what: (value, file) for what, value, file in view["ran"]}
+    assert ran["concurrency"] == ("1, 2", None)
+    assert ran["measured requests per point"] == ("4", "20")
+    assert ran["warm-up requests per point"] == ("2", None)
+    assert view["differs"]
+    html = (prefill_run / "report.html").read_text()
+    row = html[html.index('<th class="l">load</th>'):]
+    row = " ".join(row[: row.index("</tr>")].split())
+    assert "measured requests per point <b>4</b> <span class=\"file\">(file: 20)</span>" in row, row
+
+
+def _figures(monkeypatch, run):
+    """Every matplotlib Figure the report of `run` draws."""
+    from harness.report import plots
+
+    drawn = []
+    real = plots.png
+    monkeypatch.setattr(plots, "png", lambda fig: (drawn.append(fig), real(fig))[1])
+    render_report([run])
+    return drawn
+
+
+def test_one_load_point_is_drawn_as_bars(prefill_run, monkeypatch):
+    """With one concurrency level, latency and MFU are bars per engine, not lone dots."""
+    from matplotlib.lines import Line2D
+
+    run = load_run(prefill_run)
+    run.results = run.results[run.results["load_value"] == 1]
+    figs = {f.axes[0].get_title(): f for f in _figures(monkeypatch, run)}
+    for title in ("Latency at concurrency (closed loop) 1: mean (filled), P99 (hatched)",
+                  "Effective MFU at concurrency (closed loop) 1"):
+        ax = figs[title].axes[0]
+        assert len(ax.patches) >= 1, title  # bars (noop has no MFU: one bar there)
+        lone = [ln for ln in ax.get_lines() if len(ln.get_xdata()) == 1 and ln.get_marker() not in (None, "None", "")]
+        assert not lone, title
+    # two load points: lines again
+    lines = {f.axes[0].get_title() for f in _figures(monkeypatch, load_run(prefill_run))}
+    assert "Latency against offered load" in lines and "Effective MFU" in lines
+
+
+def _overlaps(fig) -> list[str]:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    found = []
+    for ax in fig.axes:
+        if not ax.get_visible():
+            continue
+        for axis in (ax.xaxis, ax.yaxis):
+            labels = [t for t in axis.get_ticklabels(which="both") if t.get_visible() and t.get_text()]
+            boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in labels]
+            for k, (a, ba) in enumerate(boxes):
+                found += [f"{ax.get_title()}: {a!r} / {b!r}" for b, bb in boxes[k + 1:] if ba.overlaps(bb)]
+    return found
+
+
+def test_tick_labels_do_not_overlap(prefill_run, monkeypatch):
+    """A latency CDF whose x axis spans a few decades on a narrow panel labelled minor ticks
+    on top of each other; no figure of the report may have overlapping tick labels."""
+    run = load_run(prefill_run)
+    req = run.requests.copy()
+    hf = (req["engine"] == "hf").to_numpy()
+    req.loc[hf, "latency_ms"] = [150.0 + 50 * (i % 11) for i in range(int(hf.sum()))]  # 150 .. 650 ms
+    run.requests = req
+    run.run["slo"] = {"mean_ms": 20.0, "p99_ms": 70.0}  # with the SLO: a log axis over 1.5 decades
+    figs = _figures(monkeypatch, run)
+    assert len(figs) >= 3
+    for fig in figs:
+        assert not _overlaps(fig), _overlaps(fig)
+
+
+def test_sglang_on_a_cpu_is_noted(prefill_run):
+    """SGLang measured on a CPU runs torch_native attention (its CPU kernels are not on the
+    registry): the report says so; not for `bench serve` behind the sglang client, nor a GPU."""
+    from harness.report.html import engine_notes
+
+    run = load_run(prefill_run)
+    cpu = {"name": "sglang", "device": "cpu", "server_settings": {"device": "cpu", "attention_backend": "torch_native"}}
+    gpu = {"name": "sglang", "device": "cuda", "server_settings": {"device": "cuda", "attention_backend": "fa3"}}
+    served = {**cpu, "served_engine": {"name": "hf"}}
+    run.run["engines"] = [{"name": "sglang", "describe": cpu}, {"name": "sglang-gpu", "describe": gpu},
+                          {"name": "sglang-served", "describe": served}]
+    said = engine_notes(run)
+    assert len(said) == 1 and said[0].startswith("sglang ran on a CPU with SGLang's torch_native attention")
+    assert "torch_native attention" in render_report([run])
