@@ -10,7 +10,7 @@ import typer.main
 import yaml
 
 from harness.cli import app
-from harness.scenario import load_scenario, parse_scenario
+from harness.scenario.files import load_scenario, parse_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI_MD = ROOT / "docs" / "cli.md"
@@ -82,7 +82,10 @@ def test_the_flag_parser_sees_a_missing_flag():
 
 
 def test_the_reference_scenario_validates_and_has_every_field():
-    from harness.scenario import Bounds, ClosedLoad, CpuLimits, EngineSpec, ItemCodes, Scenario, TokenDist
+    from harness.scenario.fields import TokenDist
+    from harness.scenario.load import ClosedLoad, CpuLimits
+    from harness.scenario.schema import EngineSpec, Scenario
+    from harness.scenario.task import Bounds, ItemCodes
 
     sc = load_scenario(REFERENCE)
     data = yaml.safe_load(REFERENCE.read_text())
@@ -124,7 +127,7 @@ def test_each_alternative_of_the_reference_scenario_validates():
 
 
 def test_the_empty_file_message_names_the_reference(tmp_path):
-    from harness.scenario import ScenarioError
+    from harness.scenario.errors import ScenarioError
 
     empty = tmp_path / "empty.yaml"
     empty.write_text("# nothing yet\n")

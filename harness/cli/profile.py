@@ -19,7 +19,7 @@ def profile(
     engine: str = typer.Option("bounded", "--engine", "-e", help="An in-process engine of the scenario (bounded, hf)."),
     requests: int = typer.Option(20, "--requests", "-n", min=1, max=10_000, help="Requests profiled, one at a time."),
     device: Optional[str] = typer.Option(None, help="cpu | cuda (default: the scenario's)."),
-    out_dir: Optional[Path] = typer.Option(None, "--out", help="Folder (default reports/<time>-<scenario>-profile/)."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Folder (default reports/<time>-<scenario>-profile/); a run's folder adds the profile to its report."),
 ) -> None:
     """Profile N requests of SCENARIO on one engine and say where a request's time goes:
     GEMMs, attention, norms/elementwise, head + selection and host time, each with its floor."""
@@ -43,4 +43,9 @@ def profile(
     out.print(table)
     for n in p.notes:
         console.print(f"note: {n}", highlight=False, markup=False)
-    console.print("wrote " + ", ".join(str(f) for f in write(p, folder)), highlight=False, markup=False)
+    written = write(p, folder)
+    if (folder / "run.json").exists():  # a run's folder: its report shows the profile too
+        from harness.report.html import build_report  # matplotlib: only when writing
+
+        written.append(build_report([folder], folder / "report.html"))
+    console.print("wrote " + ", ".join(str(f) for f in written), highlight=False, markup=False)

@@ -20,7 +20,8 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from engines.base import Description
 from harness.measure.agreement import agreement
 from harness.report import plots
-from harness.report.rundir import RunFiles, load_run, stage_times
+from harness.report.formats import finite, fmt, fmt_delta, fmt_ratio
+from harness.report.rundir import RunFiles, load_run, read_profile, stage_times
 from harness.report.scenario_view import load_ran
 
 COMPARED = [("mean_ms", "mean ms", "ms"), ("p99_ms", "P99 ms", "ms"), ("qps", "req/s", "g"),
@@ -145,8 +146,8 @@ def search_series(run: RunFiles) -> tuple[list[plots.Series], list[plots.Failed]
     series, failed = [], []
     for eng, ss in by_engine.items():
         ss = sorted(ss, key=lambda s: s["params"][x])
-        met = [s for s in ss if _finite(s.get("max_rate"))]
-        failed += [plots.Failed(len(series), s["params"][x]) for s in ss if not _finite(s.get("max_rate"))]
+        met = [s for s in ss if finite(s.get("max_rate"))]
+        failed += [plots.Failed(len(series), s["params"][x]) for s in ss if not finite(s.get("max_rate"))]
         series.append(plots.Series(eng, [s["params"][x] for s in met], [s["max_rate"] for s in met]))
     return series, failed
 
@@ -255,7 +256,8 @@ def run_view(run: RunFiles, baseline: str | None, tag: str = "") -> dict[str, An
             "scenario_text": sc.get("text", ""), "baseline": base, "rows": summary_rows(run, base),
             "figures": figures(run), "agreement": agreement_rows(run, base),
             "baseline_precision": precisions(run).get(base, "?"), "peak": peak_view(run.run.get("peak") or {}), "search": search_rows(run, base),
-            "warnings": list(run.run.get("warnings") or []), "notes": notes(run, note)}
+            "warnings": list(run.run.get("warnings") or []), "notes": notes(run, note),
+            "profile": read_profile(run.path)}
 
 
 def compare_rows(runs: Sequence[RunFiles]) -> list[dict[str, Any]]:
@@ -331,30 +333,3 @@ def _env() -> Environment:
                       trim_blocks=True, lstrip_blocks=True)
     env.filters.update(fmt=fmt, ratio=fmt_ratio, delta=fmt_delta)
     return env
-
-
-def _finite(v: Any) -> bool:
-    try:
-        return v is not None and v != "" and math.isfinite(float(v))
-    except (TypeError, ValueError):
-        return False
-
-
-def fmt(v: Any, kind: str = "g") -> str:
-    """A number for a table cell: 'ms' one decimal, 'pct' a percentage, 'g' 3-4 significant."""
-    if not _finite(v):
-        return "–"
-    v = float(v)
-    if kind == "ms":
-        return f"{v:.1f}" if abs(v) >= 1 else f"{v:.3f}"
-    if kind == "pct":
-        return f"{100 * v:.3g}%"
-    return f"{v:.4g}"
-
-
-def fmt_ratio(v: Any) -> str:
-    return f"×{float(v):.3g}" if _finite(v) else "–"
-
-
-def fmt_delta(v: Any) -> str:
-    return f"{100 * float(v):+.1f}%" if _finite(v) else "–"

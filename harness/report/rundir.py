@@ -157,3 +157,22 @@ def stage_times(requests: pd.DataFrame) -> pd.DataFrame:
         for stage, ms in stages.mean().items():
             rows.append(dict(zip(cols, (eng, cell, mode, value, stage, float(ms)))))
     return pd.DataFrame(rows, columns=cols)
+
+
+def read_profile(path: Path) -> dict[str, Any] | None:
+    """profile.json, which `bench profile --out` leaves in a run folder (None if absent);
+    read as strictly as the run's own files."""
+    f = Path(path) / "profile.json"
+    if not f.exists():
+        return None
+    try:
+        data = json.loads(f.read_text("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{f}: not valid JSON text ({type(e).__name__})") from None
+    rows = data.get("classes") if isinstance(data, dict) else None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and isinstance(r.get("name"), str)
+                                            and isinstance(r.get("ms"), (int, float)) for r in rows):
+        raise ValueError(f"{f}: field classes: expected a list of rows with a name and ms")
+    if not isinstance(data.get("request_ms"), (int, float)):
+        raise ValueError(f"{f}: field request_ms: expected a number")
+    return data

@@ -262,3 +262,21 @@ def test_sglang_on_a_cpu_is_noted(prefill_run):
     said = engine_notes(run)
     assert len(said) == 1 and said[0].startswith("sglang ran on a CPU with SGLang's torch_native attention")
     assert "torch_native attention" in render_report([run])
+
+
+def test_a_profile_left_in_the_run_folder_is_in_its_report(prefill_run, tmp_path):
+    import shutil
+
+    from harness.run.profile import ClassRow, Profile, write
+
+    run = tmp_path / "run"
+    shutil.copytree(prefill_run, run)
+    p = Profile("smoke_prefill", "bounded", "cpu", 3, 4.0,
+                [ClassRow("gemm", 1.5, 0.375, "0.10 GFLOP", "67 GFLOP/s", 0.5), ClassRow("host", 2.5, 0.625),
+                 ClassRow("host: check + tokenize", 2.5, 0.625)])
+    write(p, run)
+    page = render_report([load_run(run)])
+    assert "Where a request" in page and "0.10 GFLOP" in page and "host: check + tokenize" in page
+    (run / "profile.json").write_text('{"request_ms": 4.0, "classes": "gemm"}')
+    with pytest.raises(ValueError, match="profile.json: field classes"):
+        load_run(run) and render_report([load_run(run)])
