@@ -46,8 +46,18 @@ def classify(name: str, context: Optional[str]) -> Optional[str]:
 
 
 def class_times(events: Iterable[Any]) -> dict[str, float]:
-    """Microseconds per class over profiler events (FunctionEvent: name, cpu_children,
-    cpu_parent, cpu_time_total); roots are the events without a parent."""
+    """Microseconds per class over profiler events (FunctionEvent: name, thread,
+    cpu_children, cpu_parent, cpu_time_total), on the thread that ran the most of them: the
+    engine's model thread. Other threads' events run inside it (an op's worker pool), and
+    counting them too would count that time twice."""
+    events = list(events)
+    per_thread: dict[Any, dict[str, float]] = {}
+    for thread in {getattr(e, "thread", 0) for e in events}:
+        per_thread[thread] = _class_times([e for e in events if getattr(e, "thread", 0) == thread])
+    return max(per_thread.values(), key=lambda t: sum(t.values()), default=_class_times([]))
+
+
+def _class_times(events: list[Any]) -> dict[str, float]:
     totals = {c: 0.0 for c in CLASSES if c != "host"}
     stack = [(e, None) for e in events if e.cpu_parent is None]
     while stack:

@@ -18,6 +18,7 @@ class Ev:
     cpu_time_total: float
     cpu_children: list = field(default_factory=list)
     cpu_parent: Optional["Ev"] = None
+    thread: int = 1
 
 
 def tree(name, total, *children):
@@ -46,7 +47,11 @@ def test_events_are_claimed_once_by_the_first_class_that_claims_them():
         tree("aten::matmul", 6.0, tree("aten::mm", 6.0)),  # eager linear: a GEMM
         tree("some python range", 3.0, tree("aten::add", 0.25)),
     ]
-    got = classes.class_times(flatten(*roots))
+    # an op's worker thread: its events run inside the op's, on the model thread
+    worker = [tree("aten::bmm", 3.0), tree("aten::softmax", 1.0)]
+    for w in worker:
+        w.thread = 7
+    got = classes.class_times(flatten(*roots) + worker)
     # the op claims its own children; the head's GEMM stays a GEMM; ranges and wrappers add nothing of their own
     assert got == {"gemm": 21.0, "attention": 8.5, "norms_elementwise": 4.25, "head_selection": 4.5}
 
