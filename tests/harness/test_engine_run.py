@@ -126,7 +126,8 @@ def test_unconstrained_engines_get_no_codes_and_recall_is_against_the_constraine
 
 def test_recall_counts_the_reference_beams_returned(picky):
     from engines.base import Beam, BeamResult
-    from harness.run.engine_run import EngineRun, PointRun, attach_recall
+    from harness.run.engine_run import EngineRun, PointRun
+    from harness.run.runner import attach_recall
     from harness.measure.records import LoadPoint, RequestRecord
     from harness.measure.metrics import summarise
     from harness.run.slo import UNIT_SHAPE
