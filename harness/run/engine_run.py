@@ -22,7 +22,7 @@ from harness.measure.metrics import PointMetrics, summarise, warnings_for
 from harness.scenario.schema import EngineSpec
 from harness.scenario.load import Slo
 from harness.scenario.engines import engine_config
-from harness.run.sweep import Cell, Plan
+from harness.run.sweep import Cell, SweepPlan
 from harness.workload.requests import Shifted, Unconstrained, build_workload
 from harness.run.slo import run_search
 
@@ -132,7 +132,7 @@ async def _drive(engine, items, load, seed, progress, points, first, label) -> i
     return offset
 
 
-def run_engine(er: EngineRun, spec: EngineSpec, plan: Plan, ctx: RunContext) -> None:
+def run_engine(er: EngineRun, spec: EngineSpec, plan: SweepPlan, ctx: RunContext) -> None:
     """Every cell of `plan` on engine `spec`, recording into `er`."""
     log = lambda m: ctx.log(f"[{er.name}] {m}")  # noqa: E731
     er.constrained = not spec.unconstrained

@@ -15,7 +15,7 @@ from harness.measure.flops import model_shape
 from harness.measure.metrics import P99_MIN_REQUESTS
 from harness.measure.agreement import RECALL_REFERENCE, beam_recall, constrained_beams
 from harness.run.engine_run import CellWorkloads, EngineRun, RunContext, run_engine
-from harness.run.sweep import Plan, plan_cells
+from harness.run.sweep import SweepPlan, plan_cells
 from harness.scenario.engines import select_engines
 from harness.scenario.errors import revalidated
 from harness.scenario.schema import Scenario
@@ -61,7 +61,7 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
     engines: list[EngineRun] = field(default_factory=list)
     interrupted: bool = False
-    plan: Plan = field(default_factory=Plan)
+    plan: SweepPlan = field(default_factory=SweepPlan)
 
     @property
     def swept(self) -> list[str]:
