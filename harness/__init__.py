@@ -14,7 +14,8 @@ tests/harness/test_layout.py):
     workload/   the model a scenario names and the requests it sends
     scenario/   the YAML file validated into a typed Scenario
 
-Data path (`bench run`), what each stage hands the next:
+Data path (`bench run`), what each stage hands the next (one request's stack at steps 4, 6 and
+8 enters each harness module at most twice; checked by tests/harness/test_walk.py):
 
 1. scenario/  YAML -> `Scenario` (model, bounds, task, workload, load, engines; sweep)
 2. run/       `Scenario` -> sweep `Cell`s; per engine an `EngineConfig` (engines.base, its
