@@ -163,7 +163,7 @@ def test_compile_failure_falls_back_to_eager(engine_factory, monkeypatch):
     d = _status(e)
     assert d["compile"] == "eager" and "no C++ compiler here" in d["fallback_reason"]
     described = e.describe()  # what the summary table shows
-    assert described["mode"] == "eager (AOT failed)" and "no C++ compiler here" in described["fallback"]
+    assert described.mode == "eager (AOT failed)" and "no C++ compiler here" in described.fallback
     res = asyncio.run(e.submit(_requests(1)[0]))
     assert len(res.scores) == len(_requests(1)[0].samples)
 
