@@ -1,7 +1,7 @@
 """The dedicated Python environment SGLang runs in, and how to launch it on a CPU.
 
 SGLang pins its own torch and pulls ~11 GB of packages, so it never enters the project's
-environment: `setup_env` builds a separate venv (engines/server/venv.py) with
+environment: `VENV.setup()` builds a separate venv (engines/server/venv.py: the shared build) with
 `sglang==SGLANG_VERSION` plus a stand-in `libcuda.so.1` (see libcuda_stub.c) that lets
 `sgl_kernel` import on a machine without an NVIDIA driver.
 """
@@ -52,19 +52,6 @@ class SGLangVenv(ManagedVenv):
 VENV = SGLangVenv()
 
 
-def default_env_dir() -> Path:
-    return VENV.default_dir()
-
-
-def read_marker(env_dir: Path) -> dict | None:
-    return VENV.read_marker(env_dir)
-
-
-def setup_env(path: Path | str | None = None, log: Log = print) -> Path:
-    """Build (once) the SGLang venv at `path` (default `default_env_dir()`); return its python."""
-    return VENV.setup(path, log)
-
-
 def cpu_server_env(python: Path, base: dict[str, str] | None = None) -> dict[str, str]:
     """Process environment for a CPU SGLang server run by `python`."""
     env = dict(os.environ if base is None else base)
@@ -92,5 +79,4 @@ def find_compiler() -> str:
                          "libcuda.so.1 for SGLang on CPU (Debian: apt-get install gcc)")
 
 
-__all__ = ["SGLANG_VERSION", "SGLangEnvError", "VENV", "build_stub_libcuda", "cpu_server_env",
-           "default_env_dir", "env_python", "read_marker", "setup_env", "stub_dir"]
+__all__ = ["SGLANG_VERSION", "SGLangEnvError", "VENV", "build_stub_libcuda", "cpu_server_env", "env_python", "stub_dir"]

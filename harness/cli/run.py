@@ -19,7 +19,7 @@ from harness.cli.common import EXIT_SHORT, REPO, check_writable, fail, checked_s
 from harness.report import write_all
 from harness.run.runner import Overrides, run_scenario, shortfalls
 from harness.run.sweep import parse_sweep_option
-from harness.scenario.task import BeamTask
+from harness.scenario.task import BeamTaskSpec
 from harness.run.compile import compile_scenario
 
 
@@ -108,7 +108,7 @@ def _num(v: float, spec: str) -> str:
 
 
 def _print_summary(result) -> None:
-    beam = isinstance(result.scenario.task, BeamTask)
+    beam = isinstance(result.scenario.task, BeamTaskSpec)
     codes = any(p.metrics.valid_code_rate == p.metrics.valid_code_rate for er in result.engines for p in er.points)
     which = "" if result.peaks.override is not None else f" {result.peaks.mfu_precision}"
     t = Table(title=f"{result.scenario.name} on {result.device} (peak {result.peak_tflops:.3g} TFLOP/s{which})")

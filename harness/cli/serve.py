@@ -51,17 +51,18 @@ def serve(
     opts = _serve_options(host, concurrency, max_queue, max_body_bytes, head_timeout, body_timeout, allowed_host)
     sc = checked_scenario(scenario, engines=[engine], device=device, engine_options=kv_options(option),
                           device_here=not (ray and address))
-
-    def warn_not_loopback() -> None:
-        if not is_loopback(host):
-            console.print(f"[yellow]warning:[/yellow] listening on {host}, not loopback; Host names served: "
-                          f"{', '.join(opts.allowed_hosts)} (--allowed-host adds one)", highlight=False)
-
+    warn_not_loopback = lambda: _warn_not_loopback(host, opts.allowed_hosts)  # noqa: E731
     if ray:
         warn_not_loopback()
         return _serve_ray(sc, engine, opts, host, port, device, kv_options(option), replicas, autoscale, address,
                           cpus_per_replica, gpus_per_replica, log)
     _serve_here(sc, engine, opts, host, port, device, kv_options(option), log, warn_not_loopback)
+
+
+def _warn_not_loopback(host: str, allowed_hosts: tuple[str, ...]) -> None:
+    if not is_loopback(host):
+        console.print(f"[yellow]warning:[/yellow] listening on {host}, not loopback; Host names served: "
+                      f"{', '.join(allowed_hosts)} (--allowed-host adds one)", highlight=False)
 
 
 def _refuse_ray_flags(flags: dict) -> None:

@@ -1,14 +1,21 @@
 """Agreement between two engines' answers to the same requests (DESIGN.md 6.4): label-
 probability differences for scoring, top-W overlap for beams. Answers are `bench infer`
 output lines ({"id", "scores"} or {"id", "beams"}), keyed by request id, so two runs' or two
-`bench infer` files' answers compare the same way."""
+`bench infer` files' answers compare the same way.
+
+Beam recall, within a run: the share of the constrained reference's beams an engine returned,
+from the load points' request records (`constrained_beams`, `beam_recall`)."""
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from harness.measure.records import LoadPoint
+
 Answer = Mapping[str, Any]
+BeamSets = dict[str, set[tuple[int, ...]]]  # request id -> its beams' token ids
+RECALL_REFERENCE = "hf"  # the constrained reference of beam recall when it ran (DESIGN: the correctness reference)
 
 
 def prefill_agreement(a: Mapping[str, Answer], b: Mapping[str, Answer]) -> dict[str, Any]:
@@ -66,3 +73,18 @@ def agreement(a: Mapping[str, Answer], b: Mapping[str, Answer]) -> dict[str, Any
         return None
     first = ok_a[next(iter(common))]
     return beam_agreement(ok_a, ok_b) if "beams" in first else prefill_agreement(ok_a, ok_b)
+
+
+def constrained_beams(points: Iterable[LoadPoint]) -> BeamSets:
+    """The beams of each measured request sent with item codes and answered, by request id
+    (a later point's answer to the same id replaces an earlier one)."""
+    return {r.item.request.id: {tuple(b.token_ids) for b in r.result.beams}
+            for point in points for r in point.records
+            if r.status == "ok" and not r.warmup and r.item.codes is not None and hasattr(r.result, "beams")}
+
+
+def beam_recall(beams: BeamSets, reference: BeamSets) -> float:
+    """Mean over the requests both answered of |beams & reference's| / |reference's| (NaN when
+    none was)."""
+    shares = [len(got & reference[rid]) / len(reference[rid]) for rid, got in beams.items() if reference.get(rid)]
+    return sum(shares) / len(shares) if shares else float("nan")

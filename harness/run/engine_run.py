@@ -22,11 +22,10 @@ from harness.measure.metrics import PointMetrics, summarise, warnings_for
 from harness.scenario.schema import EngineSpec
 from harness.scenario.load import Slo
 from harness.scenario.engines import engine_config
-from harness.run.sweep import Cell, Plan
+from harness.run.sweep import Cell, SweepPlan
 from harness.workload.requests import Shifted, Unconstrained, build_workload
 from harness.run.slo import run_search
 
-REFERENCE = "hf"  # the constrained reference of beam recall when it ran (DESIGN: the correctness reference)
 
 
 @dataclass
@@ -133,7 +132,7 @@ async def _drive(engine, items, load, seed, progress, points, first, label) -> i
     return offset
 
 
-def run_engine(er: EngineRun, spec: EngineSpec, plan: Plan, ctx: RunContext) -> None:
+def run_engine(er: EngineRun, spec: EngineSpec, plan: SweepPlan, ctx: RunContext) -> None:
     """Every cell of `plan` on engine `spec`, recording into `er`."""
     log = lambda m: ctx.log(f"[{er.name}] {m}")  # noqa: E731
     er.constrained = not spec.unconstrained
@@ -287,32 +286,3 @@ def _first_error(point: LoadPoint) -> str:
     """The commonest error message of the point's failed requests, shortened."""
     errors = Counter(r.error for r in point.records if r.status in ("error", "rejected", "timeout") and r.error)
     return errors.most_common(1)[0][0][:300] if errors else ""
-
-
-def attach_recall(engines: list[EngineRun]) -> None:
-    """Each engine's recall of the constrained reference's beams, per row, on the requests
-    both answered: mean over requests of |engine's beams & reference's| / |reference's|."""
-    eligible = [er for er in engines if er.constrained and er.computes and _answers(er)]
-    if not eligible:
-        return
-    ref = next((er for er in eligible if er.name == REFERENCE), eligible[0])
-    want = _answers(ref)
-    for er in engines:
-        for p in er.points:
-            shares = [len(beams & want[rid]) / len(want[rid])
-                      for rid, beams in _point_answers(p).items() if want.get(rid)]
-            p.recall_ref = ref.name
-            p.recall = sum(shares) / len(shares) if shares and er is not ref else float("nan")
-
-
-def _point_answers(p: PointRun) -> dict[str, set[tuple[int, ...]]]:
-    return {r.item.request.id: {tuple(b.token_ids) for b in r.result.beams}
-            for r in p.point.records if r.status == "ok" and not r.warmup and r.item.codes is not None
-            and hasattr(r.result, "beams")}
-
-
-def _answers(er: EngineRun) -> dict[str, set[tuple[int, ...]]]:
-    out: dict[str, set[tuple[int, ...]]] = {}
-    for p in er.points:
-        out.update(_point_answers(p))
-    return out

@@ -20,7 +20,7 @@ from engines.registry import engine_class
 from engines.validate import FieldNames, Limits, RequestChecker
 from harness.workload.presets import PRESETS, tokenizer_files
 from harness.scenario.fields import DEVICE, MAX_RUN_TOKENS
-from harness.scenario.task import BeamTask, PrefillTask
+from harness.scenario.task import BeamTaskSpec, PrefillTaskSpec
 from harness.scenario.schema import EngineSpec, Scenario
 from harness.scenario.errors import ScenarioError
 from harness.scenario.engines import select_engines
@@ -137,7 +137,7 @@ def _check_device(dev: str, where: str) -> None:
 def _check_positions(sc: Scenario, facts: ModelFacts, src: str) -> None:
     if facts.max_positions is None:
         return
-    steps = sc.task.decode_steps if isinstance(sc.task, BeamTask) else 0
+    steps = sc.task.decode_steps if isinstance(sc.task, BeamTaskSpec) else 0
     b = sc.bounds
     if b.max_prompt_tokens + steps > facts.max_positions:
         extra = f" + {steps} decode steps" if steps else ""
@@ -168,7 +168,7 @@ def _check_sweep(sc: Scenario, facts: ModelFacts, src: str, device: str, overrid
 
 def _check_task(sc: Scenario, facts: ModelFacts, src: str) -> None:
     task = sc.task
-    if isinstance(task, PrefillTask):
+    if isinstance(task, PrefillTaskSpec):
         checker = RequestChecker(Limits(vocab=facts.vocab), facts.tokenizer, FieldNames(labels="task.labels"))
         try:
             checker.labels(task.labels)
@@ -229,7 +229,7 @@ def _longest_request(sc: Scenario) -> int:
     wl, most = sc.workload, lambda d: d if isinstance(d, int) else d.max  # noqa: E731
     if wl.has_query:
         return most(wl.items_per_request) * (most(wl.query_tokens) + most(wl.item_tokens))
-    return most(wl.prompt_tokens) * (wl.samples_per_request if isinstance(sc.task, PrefillTask) else 1)
+    return most(wl.prompt_tokens) * (wl.samples_per_request if isinstance(sc.task, PrefillTaskSpec) else 1)
 
 
 def _check_dataset(sc: Scenario, path: Path, facts: ModelFacts, src: str) -> None:

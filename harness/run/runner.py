@@ -13,8 +13,9 @@ from harness.load.loadgen import no_progress
 from harness.load.modes import LoadOverrides, load_mode
 from harness.measure.flops import model_shape
 from harness.measure.metrics import P99_MIN_REQUESTS
-from harness.run.engine_run import CellWorkloads, EngineRun, RunContext, attach_recall, run_engine
-from harness.run.sweep import Plan, plan_cells
+from harness.measure.agreement import RECALL_REFERENCE, beam_recall, constrained_beams
+from harness.run.engine_run import CellWorkloads, EngineRun, RunContext, run_engine
+from harness.run.sweep import SweepPlan, plan_cells
 from harness.scenario.engines import select_engines
 from harness.scenario.errors import revalidated
 from harness.scenario.schema import Scenario
@@ -60,7 +61,7 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
     engines: list[EngineRun] = field(default_factory=list)
     interrupted: bool = False
-    plan: Plan = field(default_factory=Plan)
+    plan: SweepPlan = field(default_factory=SweepPlan)
 
     @property
     def swept(self) -> list[str]:
@@ -157,6 +158,20 @@ def shortfalls(result: RunResult) -> list[str]:
         out.append("no engine ran: every one was optional and skipped ("
                    + "; ".join(f"{er.name}: {er.skipped}" for er in result.engines) + ")")
     return out
+
+
+def attach_recall(engines: list[EngineRun]) -> None:
+    """Each row's recall of the constrained reference's beams (`harness.measure.agreement`):
+    the reference is hf when it answered, else the first constrained engine that did."""
+    answered = [(er, constrained_beams(p.point for p in er.points)) for er in engines if er.constrained and er.computes]
+    answered = [(er, beams) for er, beams in answered if beams]
+    if not answered:
+        return
+    ref, want = next((a for a in answered if a[0].name == RECALL_REFERENCE), answered[0])
+    for er in engines:
+        for p in er.points:
+            p.recall_ref = ref.name
+            p.recall = beam_recall(constrained_beams([p.point]), want) if er is not ref else float("nan")
 
 
 def run_scenario(scenario: Scenario, ov: Overrides, *, base_dir: Path | None = None,

@@ -120,7 +120,7 @@ def apply(scenario: Scenario, values: dict[str, Any]) -> Scenario:
 
 
 @dataclass
-class Plan:
+class SweepPlan:
     cells: list[Cell] = field(default_factory=list)
     sizing: str = "cell"
 
@@ -130,7 +130,7 @@ class Plan:
 
 
 def plan_cells(scenario: Scenario, load: Any, device: str, override: dict[str, list[Any]] | None = None,
-               log: Callable[[str], None] = lambda m: None) -> Plan:
+               log: Callable[[str], None] = lambda m: None) -> SweepPlan:
     """Every cell of the sweep, in order (the last parameter varies fastest)."""
     params = swept_values(scenario, device, override, log)
     cells = math.prod(len(v) for v in params.values())
@@ -147,4 +147,4 @@ def plan_cells(scenario: Scenario, load: Any, device: str, override: dict[str, l
     for i, (values, sc) in enumerate(zip(combos, scenarios)):
         bounds = bounds_for(scenario, scenarios if sizing == "largest" else [sc], list(params))
         cells.append(Cell(i, values, sc, bounds, offset=i * per_cell, probe_offset=sweep_total + i * PROBE_STRIDE))
-    return Plan(cells, sizing)
+    return SweepPlan(cells, sizing)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from engines.base import Bounds
-from harness.scenario.task import BeamTask
+from harness.scenario.task import BeamTaskSpec
 from harness.scenario.schema import Scenario
 from harness.scenario.fields import TokenDist
 
@@ -39,7 +39,7 @@ def bounds_for(base: Scenario, sized: Sequence[Scenario], swept: Sequence[str]) 
                            "max_beam_width": b.max_beam_width, "max_decode_steps": b.max_decode_steps}
     for p in ("beam_width", "decode_steps"):  # unless the bounds say, a beam bound is the task's
         k = BOUND_OF[p]
-        if not isinstance(base.task, BeamTask):
+        if not isinstance(base.task, BeamTaskSpec):
             out[k] = 1
         elif out[k] is None or p in swept:
             need = max(NEED[p](s) for s in sized)

@@ -9,7 +9,7 @@ from engines.registry import ENGINES
 from harness.scenario.fields import DEVICE, Strict, longest
 from harness.scenario.load import CpuLimits, Load, Slo
 from harness.scenario.sweep import Sweep, check_sweep_values
-from harness.scenario.task import BeamTask, Bounds, PrefillTask, Task, Workload
+from harness.scenario.task import BeamTaskSpec, BoundsSpec, PrefillTaskSpec, TaskSpec, Workload
 
 
 class EngineSpec(Strict):
@@ -51,9 +51,9 @@ class Scenario(Strict):
     model: str = Field(min_length=1)
     dtype: Literal["bfloat16", "float32", "float16"] = "bfloat16"
     device: str = Field(default="cpu", pattern=DEVICE.pattern)
-    task: Task
+    task: TaskSpec
     workload: Workload
-    bounds: Bounds = Bounds()
+    bounds: BoundsSpec = BoundsSpec()
     load: Load
     cpu: CpuLimits | None = None
     slo: Slo = Slo()
@@ -92,14 +92,14 @@ class Scenario(Strict):
     @model_validator(mode="after")
     def _unconstrained_needs_beams(self) -> "Scenario":
         for k, spec in enumerate(self.engines):
-            if spec.unconstrained and not isinstance(self.task, BeamTask):
+            if spec.unconstrained and not isinstance(self.task, BeamTaskSpec):
                 raise ValueError(f"engines.{k}.unconstrained: only for beam search (a {self.task.kind} task has no "
                                  "item codes to leave out)")
         return self
 
     @model_validator(mode="after")
     def _query_needs_prefill(self) -> "Scenario":
-        if self.workload.has_query and not isinstance(self.task, PrefillTask):
+        if self.workload.has_query and not isinstance(self.task, PrefillTaskSpec):
             raise ValueError("workload: a query + items workload needs task kind prefill_only")
         return self
 
@@ -129,7 +129,7 @@ class Scenario(Strict):
     @model_validator(mode="after")
     def _workload_fits(self) -> "Scenario":
         wl, b, task = self.workload, self.bounds, self.task
-        if isinstance(task, BeamTask) and wl.samples_per_request != 1:
+        if isinstance(task, BeamTaskSpec) and wl.samples_per_request != 1:
             raise ValueError("workload.samples_per_request: a beam_search request has one prompt; leave it at 1")
         if b.on_violation != "reject":
             return self

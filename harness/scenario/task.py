@@ -8,7 +8,7 @@ from engines.validate import MAX_BEAM_WIDTH, MAX_DECODE_STEPS, MAX_SAMPLES
 from harness.scenario.fields import Length, MAX_ITEM_CODES, MAX_PROMPT_TOKENS, MAX_REQUEST_TOKENS, TokenDist, Strict
 
 
-class PrefillTask(Strict):
+class PrefillTaskSpec(Strict):
     kind: Literal["prefill_only"]
     labels: list[Union[str, int]] = Field(min_length=2, max_length=4096)
 
@@ -31,14 +31,14 @@ class ItemCodes(Strict):
     seed: int = Field(default=1, ge=0)
 
 
-class BeamTask(Strict):
+class BeamTaskSpec(Strict):
     kind: Literal["beam_search"]
     beam_width: int = Field(gt=0, le=MAX_BEAM_WIDTH)
     decode_steps: int = Field(gt=0, le=MAX_DECODE_STEPS)
     item_codes: ItemCodes | None = None
 
     @model_validator(mode="after")
-    def _codes_fit(self) -> "BeamTask":
+    def _codes_fit(self) -> "BeamTaskSpec":
         c = self.item_codes
         if c is not None and c.length != self.decode_steps:
             raise ValueError(f"item_codes.length: {c.length} must equal decode_steps {self.decode_steps} "
@@ -49,7 +49,7 @@ class BeamTask(Strict):
         return self
 
 
-Task = Annotated[Union[PrefillTask, BeamTask], Field(discriminator="kind")]
+TaskSpec = Annotated[Union[PrefillTaskSpec, BeamTaskSpec], Field(discriminator="kind")]
 
 
 class Workload(Strict):
@@ -86,7 +86,7 @@ class Workload(Strict):
         return self.query_tokens is not None
 
 
-class Bounds(Strict):
+class BoundsSpec(Strict):
     max_samples_per_request: int = Field(default=16, gt=0, le=MAX_SAMPLES)  # samples, or items of a query request
     max_prompt_tokens: int = Field(default=512, gt=0, le=MAX_PROMPT_TOKENS)
     # a query request: its query, each item (default: max_prompt_tokens); each query + item
@@ -99,7 +99,7 @@ class Bounds(Strict):
     on_violation: Literal["reject", "truncate"] = "reject"
 
     @model_validator(mode="after")
-    def _planned(self) -> "Bounds":
+    def _planned(self) -> "BoundsSpec":
         if self.max_samples_per_request * self.max_prompt_tokens > MAX_REQUEST_TOKENS:
             raise ValueError(f"max_prompt_tokens: max_samples_per_request x max_prompt_tokens = "
                              f"{self.max_samples_per_request * self.max_prompt_tokens:,} tokens per request "

@@ -11,7 +11,7 @@ from engines.base import EngineConfig
 from engines.validate import Limits
 from harness.scenario.engines import engine_config
 from harness.scenario.schema import EngineSpec
-from harness.scenario.task import BeamTask
+from harness.scenario.task import BeamTaskSpec
 from harness.serve.api import Translator
 from harness.workload.presets import resolve_model
 from harness.workload.requests import item_codes, load_tokenizer
@@ -37,7 +37,7 @@ def engine_setup(scenario, engine_name: str, *, device: str | None = None, engin
     cfg = engine_config(scenario, spec, model_dir, device or scenario.device)
     tokenizer = load_tokenizer(model_dir)
     task, allowed = scenario.task, None
-    if isinstance(task, BeamTask) and task.item_codes is not None:
+    if isinstance(task, BeamTaskSpec) and task.item_codes is not None:
         c = task.item_codes
         allowed = item_codes(tokenizer, c.count, c.length, c.seed)
     limits = Limits.for_model(model_dir, cfg.bounds)

@@ -24,6 +24,7 @@ import time
 from typing import Any, Callable
 
 from engines.registry import engine_class
+from harness.serve.api import ApiError
 from harness.serve.engine import engine_setup
 from harness.serve.hosts import is_loopback
 from harness.serve.ray_options import (CLUSTER_JOB_ENV, RayOptions, check_reachable, deployment_options,
@@ -108,8 +109,6 @@ class ReplicaFailed:
         await self.app(scope, receive, watched)
         if not started:
             from starlette.responses import JSONResponse
-
-            from harness.serve.api import ApiError
 
             await JSONResponse(ApiError(500, self.MESSAGE).payload(), status_code=500)(scope, receive, send)
 

@@ -20,7 +20,7 @@ from engines.base import BeamRequest, Bounds as EngineBounds, PrefillRequest, Re
 from engines.validate import MAX_BEAM_WIDTH, MAX_DECODE_STEPS, CheckedPrefill, Limits, RequestChecker
 from harness import strict_json
 from harness.scenario.bounds import scenario_bounds
-from harness.scenario.task import BeamTask, PrefillTask
+from harness.scenario.task import BeamTaskSpec, PrefillTaskSpec
 from harness.scenario.schema import Scenario
 from harness.scenario.fields import TokenDist
 
@@ -89,7 +89,7 @@ class SyntheticWorkload:
         self.maker = TextMaker(tokenizer)
         task = scenario.task
         self.allowed, self.codes = None, None
-        if isinstance(task, BeamTask) and task.item_codes is not None:
+        if isinstance(task, BeamTaskSpec) and task.item_codes is not None:
             c = task.item_codes
             self.allowed = item_codes(tokenizer, c.count, c.length, c.seed)
             self.codes = code_set(self.allowed)
@@ -109,9 +109,9 @@ class SyntheticWorkload:
         wl, task = self.scenario.workload, self.scenario.task
         rng = np.random.default_rng([wl.seed, i])
         rid = f"{self.scenario.name}-{i}"
-        if isinstance(task, PrefillTask) and wl.has_query:
+        if isinstance(task, PrefillTaskSpec) and wl.has_query:
             return self._query_request(rid, rng)
-        if isinstance(task, PrefillTask):
+        if isinstance(task, PrefillTaskSpec):
             lengths = tuple(draw_length(rng, wl.prompt_tokens) for _ in range(wl.samples_per_request))
             samples = [self.maker.text(rng, n) for n in lengths]
             return WorkItem(PrefillRequest(rid, samples, list(task.labels)), self._counted(lengths))

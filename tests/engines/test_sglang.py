@@ -15,17 +15,17 @@ from transformers import AutoModelForCausalLM
 
 from engines.base import BeamRequest, EngineConfig, EngineError, PrefillRequest, RequestRejected
 from engines.sglang import ServerDied, SGLangEngine
-from engines.sglang.env import default_env_dir, read_marker, setup_env
+from engines.sglang.env import VENV
 
 PAD = 151643
 
 
 @pytest.fixture(scope="module")
 def sglang_python():
-    if read_marker(default_env_dir()) is None and os.environ.get("BOUNDED_BENCH_SKIP_SGLANG") == "1":
-        pytest.skip(f"no SGLang environment at {default_env_dir()} and BOUNDED_BENCH_SKIP_SGLANG=1 "
+    if VENV.read_marker(VENV.default_dir()) is None and os.environ.get("BOUNDED_BENCH_SKIP_SGLANG") == "1":
+        pytest.skip(f"no SGLang environment at {VENV.default_dir()} and BOUNDED_BENCH_SKIP_SGLANG=1 "
                     f"(build it with `bench sglang setup`)")
-    return setup_env(log=print)
+    return VENV.setup(log=print)
 
 
 @pytest.fixture(scope="module")

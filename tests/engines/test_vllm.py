@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 
 from engines.base import BeamRequest, Bounds, EngineConfig, EngineError, PrefillRequest, RequestRejected
 from engines.vllm import ServerDied, VLLMEngine
-from engines.vllm.env import default_env_dir, read_marker, setup_env
+from engines.vllm.env import VENV
 
 PAD = 151643
 BOUNDS = Bounds(max_samples_per_request=8, max_beam_width=8, max_decode_steps=4)
@@ -24,10 +24,10 @@ BOUNDS = Bounds(max_samples_per_request=8, max_beam_width=8, max_decode_steps=4)
 
 @pytest.fixture(scope="module")
 def vllm_python():
-    if read_marker(default_env_dir()) is None and os.environ.get("BOUNDED_BENCH_SKIP_VLLM") == "1":
-        pytest.skip(f"no vLLM environment at {default_env_dir()} and BOUNDED_BENCH_SKIP_VLLM=1 "
+    if VENV.read_marker(VENV.default_dir()) is None and os.environ.get("BOUNDED_BENCH_SKIP_VLLM") == "1":
+        pytest.skip(f"no vLLM environment at {VENV.default_dir()} and BOUNDED_BENCH_SKIP_VLLM=1 "
                     f"(build it with `bench vllm setup`)")
-    return setup_env(log=print)
+    return VENV.setup(log=print)
 
 
 @pytest.fixture(scope="module")

@@ -43,25 +43,25 @@ def _finished_env(root):
 
 def test_a_finished_env_is_reused_without_running_anything(tmp_path, monkeypatch):
     _finished_env(tmp_path / "venv")
-    monkeypatch.setattr(venv, "run", lambda *a, **k: pytest.fail("setup_env ran a command"))
-    assert env.setup_env(tmp_path / "venv", log=lambda s: None) == tmp_path / "venv" / "bin" / "python"
+    monkeypatch.setattr(venv, "run", lambda *a, **k: pytest.fail("setup ran a command"))
+    assert env.VENV.setup(tmp_path / "venv", log=lambda s: None) == tmp_path / "venv" / "bin" / "python"
 
 
 def test_default_location_follows_the_cache_variable(tmp_path, monkeypatch):
     monkeypatch.setenv("BOUNDED_BENCH_CACHE", str(tmp_path))
-    assert env.default_env_dir() == tmp_path / "sglang-venv"
+    assert env.VENV.default_dir() == tmp_path / "sglang-venv"
 
 
 def test_missing_compiler_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(env.shutil, "which", lambda name: None)
     with pytest.raises(env.SGLangEnvError, match="no C compiler"):
-        env.setup_env(tmp_path / "venv", log=lambda s: None)
+        env.VENV.setup(tmp_path / "venv", log=lambda s: None)
 
 
 def test_short_disk_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(env.SGLangVenv, "min_free_gb", 1e9)
     with pytest.raises(env.SGLangEnvError, match="GB free"):
-        env.setup_env(tmp_path / "venv", log=lambda s: None)
+        env.VENV.setup(tmp_path / "venv", log=lambda s: None)
     assert not (tmp_path / "venv").exists()
 
 

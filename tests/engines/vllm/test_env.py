@@ -22,7 +22,7 @@ def test_a_build_installs_the_pins_removes_the_cuda_only_packages_then_smoke_tes
     monkeypatch.setattr(venv, "run", fake_run)
     monkeypatch.setattr(env, "run", fake_run)
     monkeypatch.setattr(env.VLLMVenv, "min_free_gb", 0.0)  # nothing is installed: the disk is not this test's
-    python = env.setup_env(tmp_path / "v", log=lambda s: None)
+    python = env.VENV.setup(tmp_path / "v", log=lambda s: None)
     py = str(tmp_path / "v" / "bin" / "python")
     assert [c[:4] for c in ran] == [[sys.executable, "-m", "venv", str(tmp_path / "v")],
                                     [py, "-m", "pip", "install"], [py, "-m", "pip", "uninstall"], [py, "-c", ran[3][2]]]
@@ -30,20 +30,20 @@ def test_a_build_installs_the_pins_removes_the_cuda_only_packages_then_smoke_tes
     assert ran[2][-3:] == ["torchvision", "torchaudio", "torchcodec"]
     assert "vllm.entrypoints.openai.api_server" in ran[3][2]
     assert json.loads((tmp_path / "v" / env.VENV.marker).read_text())["vllm"] == "0.32.0"
-    assert env.read_marker(tmp_path / "v") is not None and python == tmp_path / "v" / "bin" / "python"
+    assert env.VENV.read_marker(tmp_path / "v") is not None and python == tmp_path / "v" / "bin" / "python"
     ran.clear()
-    env.setup_env(tmp_path / "v", log=lambda s: None)  # finished: reused, nothing run
+    env.VENV.setup(tmp_path / "v", log=lambda s: None)  # finished: reused, nothing run
     assert ran == []
 
 
 def test_an_unfinished_env_is_not_taken_for_a_finished_one(tmp_path):
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "python").write_text("")
-    assert env.read_marker(tmp_path) is None  # no marker: a build stopped half way
+    assert env.VENV.read_marker(tmp_path) is None  # no marker: a build stopped half way
 
 
 def test_short_disk_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(env.VLLMVenv, "min_free_gb", 1e9)
     with pytest.raises(env.VLLMEnvError, match="GB free.*vLLM environment"):
-        env.setup_env(tmp_path / "v", log=lambda s: None)
+        env.VENV.setup(tmp_path / "v", log=lambda s: None)
     assert not (tmp_path / "v").exists()

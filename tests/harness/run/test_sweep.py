@@ -12,7 +12,7 @@ from harness.scenario.errors import ScenarioError
 from harness.scenario.files import parse_scenario
 from harness.run.sweep import parse_sweep_option, plan_cells
 
-SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
+SCENARIOS = Path(__file__).resolve().parents[3] / "scenarios"
 
 
 def _beam(**extra) -> dict:

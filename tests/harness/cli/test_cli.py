@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from harness.cli import app
 
-SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
+SCENARIOS = Path(__file__).resolve().parents[3] / "scenarios"
 
 
 @pytest.mark.parametrize("scenario", ["smoke_prefill.yaml", "smoke_beam.yaml"])
@@ -183,7 +183,7 @@ def test_summary_shows_an_engine_that_fell_back(tmp_path, monkeypatch):
 def test_run_on_a_cpu_without_native_bf16_uses_the_fp32_peak_and_warns(tmp_path, monkeypatch):
     import harness.device.peak as peak
     from tests.engines.test_hardware import ICE_LAKE
-    from tests.harness.test_peak import ICE_LAKE_RATES
+    from tests.harness.device.test_peak import ICE_LAKE_RATES
 
     monkeypatch.setattr(peak, "cache_root", lambda: tmp_path)
     monkeypatch.setattr(peak, "probe", lambda device: ICE_LAKE)
@@ -209,7 +209,7 @@ def test_doctor_lists_isa_flags_and_rates(tmp_path, monkeypatch):
     from harness.device.doctor import device_lines
     from harness.device.peak import cpu_peaks
     from tests.engines.test_hardware import ICE_LAKE, ZEN4
-    from tests.harness.test_peak import ICE_LAKE_RATES
+    from tests.harness.device.test_peak import ICE_LAKE_RATES
 
     monkeypatch.setenv("BOUNDED_BENCH_CACHE", str(tmp_path))
     lines = dict(device_lines("cpu", False, caps=ICE_LAKE))

@@ -17,7 +17,7 @@ from harness.run.runner import Overrides
 from harness.scenario.errors import ScenarioError
 from harness.scenario.files import load_scenario
 
-SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
+SCENARIOS = Path(__file__).resolve().parents[3] / "scenarios"
 PREFILL = yaml.safe_load((SCENARIOS / "smoke_prefill.yaml").read_text())
 BEAM = yaml.safe_load((SCENARIOS / "smoke_beam.yaml").read_text())
 

@@ -9,7 +9,7 @@ from harness.scenario.load import ClosedLoad, PoissonLoad
 from harness.scenario.errors import ScenarioError
 from harness.scenario.files import load_scenario
 
-SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
+SCENARIOS = Path(__file__).resolve().parents[3] / "scenarios"
 
 
 @pytest.mark.parametrize("path", sorted(SCENARIOS.glob("*.yaml")), ids=lambda p: p.name)

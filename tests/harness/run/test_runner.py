@@ -6,7 +6,7 @@ from engines.base import Description, Precision
 from harness.run.runner import Overrides, effective_load
 from harness.scenario.files import load_scenario
 
-SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
+SCENARIOS = Path(__file__).resolve().parents[3] / "scenarios"
 
 
 def test_cpu_limits_apply_on_cpu_only_and_say_so():
@@ -60,7 +60,7 @@ def _run_with(peaks, describes):
 def test_engines_computing_in_an_emulated_dtype_are_warned_about(tmp_path, monkeypatch):
     from harness.device.peak import cpu_peaks
     from tests.engines.test_hardware import ICE_LAKE, ZEN4
-    from tests.harness.test_peak import ICE_LAKE_RATES, ZEN4_RATES
+    from tests.harness.device.test_peak import ICE_LAKE_RATES, ZEN4_RATES
 
     monkeypatch.setenv("BOUNDED_BENCH_CACHE", str(tmp_path))
     described = lambda dtype, computes: Description("x", "cpu", dtype, Precision(computes))  # noqa: E731

@@ -126,7 +126,8 @@ def test_unconstrained_engines_get_no_codes_and_recall_is_against_the_constraine
 
 def test_recall_counts_the_reference_beams_returned(picky):
     from engines.base import Beam, BeamResult
-    from harness.run.engine_run import EngineRun, PointRun, attach_recall
+    from harness.run.engine_run import EngineRun, PointRun
+    from harness.run.runner import attach_recall
     from harness.measure.records import LoadPoint, RequestRecord
     from harness.measure.metrics import summarise
     from harness.run.slo import UNIT_SHAPE
@@ -238,11 +239,11 @@ def test_a_real_sglang_server_killed_mid_sweep_is_restarted_for_the_next_cell():
     is a failed row, the server is launched again for the third, and the run exits 0."""
     import os
 
-    from engines.sglang.env import default_env_dir, read_marker, setup_env
+    from engines.sglang.env import VENV
 
-    if read_marker(default_env_dir()) is None and os.environ.get("BOUNDED_BENCH_SKIP_SGLANG") == "1":
+    if VENV.read_marker(VENV.default_dir()) is None and os.environ.get("BOUNDED_BENCH_SKIP_SGLANG") == "1":
         pytest.skip("no SGLang environment and BOUNDED_BENCH_SKIP_SGLANG=1 (build it with `bench sglang setup`)")
-    python = setup_env(log=print)
+    python = VENV.setup(log=print)
     sc = _scenario(sweep={"beam_width": [2, 3, 4], "sizing": "largest"},  # one size: restarts only after a death
                    engines=[{"name": "sglang", "python": str(python)}],
                    load={"mode": "closed", "concurrency": [1], "requests": 4, "warmup_requests": 0})

@@ -1,7 +1,10 @@
 """Agreement between engines' answers, against hand-computed values."""
 import math
 
-from harness.measure.agreement import agreement, beam_overlap
+from engines.base import Beam, BeamRequest, BeamResult
+from harness.measure.agreement import agreement, beam_overlap, beam_recall, constrained_beams
+from harness.measure.records import LoadPoint, RequestRecord
+from harness.workload.requests import WorkItem
 
 
 def _beams(*seqs, lp=None):
@@ -36,3 +39,30 @@ def test_errors_and_disjoint_ids_are_left_out():
     b = {"r": {"id": "r", "scores": [[1.0, 0.0]]}}
     assert agreement(a, b) is None
     assert agreement({"x": {"id": "x", "scores": [[1.0]]}}, {"y": {"id": "y", "scores": [[1.0]]}}) is None
+
+
+def _point(answers, codes=frozenset({(1, 1)}), status="ok", warmup=False):
+    recs = []
+    for i, beams in enumerate(answers):
+        item = WorkItem(BeamRequest(f"r{i}", "p", 4, 2), (3,), codes=codes)
+        recs.append(RequestRecord(i, item, warmup, 0.0, 0.0, 1.0, status,
+                                  result=BeamResult(f"r{i}", [Beam(list(b), "", 0.0) for b in beams])))
+    return LoadPoint("closed", 1, recs)
+
+
+def test_constrained_beams_keep_only_measured_answered_requests_sent_with_codes():
+    answers = [[(1, 1), (2, 2)], [(3, 3)]]
+    assert constrained_beams([_point(answers)]) == {"r0": {(1, 1), (2, 2)}, "r1": {(3, 3)}}
+    assert constrained_beams([_point(answers, codes=None)]) == {}
+    assert constrained_beams([_point(answers, warmup=True)]) == {}
+    assert constrained_beams([_point(answers, status="error")]) == {}
+    later = _point([[(9, 9)]])  # the same request id answered again: the later answer counts
+    assert constrained_beams([_point(answers), later]) == {"r0": {(9, 9)}, "r1": {(3, 3)}}
+
+
+def test_beam_recall_is_the_mean_share_of_the_reference_beams_returned():
+    ref = {"r0": {(1, 1), (2, 2), (3, 3), (4, 4)}, "r1": {(5, 5), (6, 6)}, "r2": {(7, 7)}}
+    got = {"r0": {(1, 1), (9, 9), (3, 3), (8, 8)}, "r1": {(6, 6), (5, 5), (7, 7)}, "only_here": {(1, 1)}}
+    assert math.isclose(beam_recall(got, ref), (2 / 4 + 2 / 2) / 2)  # r2 not answered, only_here not in ref
+    assert beam_recall({"r2": {(0, 0)}}, ref) == 0.0
+    assert math.isnan(beam_recall({}, ref)) and math.isnan(beam_recall(got, {}))
