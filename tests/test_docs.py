@@ -85,7 +85,7 @@ def test_the_reference_scenario_validates_and_has_every_field():
     from harness.scenario.fields import TokenDist
     from harness.scenario.load import ClosedLoad, CpuLimits
     from harness.scenario.schema import EngineSpec, Scenario
-    from harness.scenario.task import Bounds, ItemCodes
+    from harness.scenario.task import BoundsSpec as Bounds, ItemCodes
 
     sc = load_scenario(REFERENCE)
     data = yaml.safe_load(REFERENCE.read_text())
