@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 
 from engines import toolchain
+from engines.bounded.kernels import native
 from engines.bounded.kernels.attention import attention_for
 from engines.bounded.model.decoder import DecoderModel, load_model
 from engines.bounded.model.precision import PrecisionPolicy
@@ -65,9 +66,14 @@ class CompiledRuntime:
         self.inductor = {**INDUCTOR_CONFIGS, **({"cpp.enable_kernel_profile": True} if kernel_profile else {})}
         self.model_dir, self.policy, self.log = Path(model_dir), policy, log
         self.device, self.requested = torch.device(device), compile_mode
-        self.attention = attention_for(self.device, max_sequences, max_len) if attention == "auto" else attention
+        # the native CPU attention (kernels/native.py) serves bf16; built here, not on a request
+        use_native = self.device.type == "cpu" and policy.dtype == "bfloat16" and native.load(log)
+        self.attention = attention_for(self.device, max_sequences, max_len, use_native) \
+            if attention == "auto" else attention
         self.status: dict[str, Any] = {"compile": compile_mode, "compile_requested": compile_mode,
                                        "prefill_attention": self.attention}
+        if self.device.type == "cpu":
+            self.status["native_attention"] = native.status()
         self._model: Optional[DecoderModel] = None
         self._compiled: Optional[dict[str, Graph]] = None
 

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from engines.bounded.kernels import attention as kernels
+from engines.bounded.kernels import native
 from engines.bounded.runtime.buffers import pack
 
 
@@ -161,3 +162,63 @@ def test_auto_attention_by_device_and_batch():
     assert kernels.attention_for(cpu, 1, kernels.SHORT_SEQUENCES) == "dense"
     assert kernels.attention_for(cpu, None, kernels.SHORT_SEQUENCES + 1) == "per_sequence"
     assert kernels.attention_for(gpu) == kernels.attention_for(gpu, 1) == "padded"
+    # where the native kernel serves, per sequence on every batch shape; a GPU stays padded
+    assert kernels.attention_for(cpu, 1, kernels.SHORT_SEQUENCES, native=True) == "per_sequence"
+    assert kernels.attention_for(cpu, None, None, native=True) == "per_sequence"
+    assert kernels.attention_for(gpu, native=True) == "padded"
+
+
+@pytest.fixture(scope="module")
+def native_kernel():
+    if not native.load(log=lambda _: None):
+        pytest.skip(f"native CPU attention unavailable here: {native.status()}")
+    return torch.ops.bounded_native.varlen_attention_bf16
+
+
+@pytest.mark.parametrize("hq, hkv, d", [(4, 2, 32), (14, 2, 64), (16, 8, 128), (2, 2, 16)])
+def test_native_bf16_attention_is_as_close_as_the_python_one(native_kernel, hq, hkv, d):
+    """The native body against the exact (float64) concatenations: within the bf16 Python
+    body's own distance, on random batches of plain sequences and queries with items
+    (1-300 tokens, blocks of 64 rows cut mid-sequence)."""
+    rng = random.Random(d + hq)
+    torch.manual_seed(d)
+    for _ in range(3):
+        b, q, k, v = random_batch(rng, hq, hkv, d, torch.bfloat16)
+        want = concatenation_reference(q, k, v, b.spans, b.prefix.tolist())
+        got = native_kernel(q, k, v, b.cu_seqlens, b.prefix)
+        python = kernels.varlen_attention_cpu(q, k, v, list(b.spans), b.prefix.tolist())
+        err, python_err = ((x.double() - want).abs() for x in (got, python))
+        assert got.dtype == torch.bfloat16 and got.shape == python.shape
+        assert err.max() <= 2 * python_err.max() and err.mean() <= 1.5 * python_err.mean()
+
+
+def test_native_attention_is_the_ops_body_and_independent_of_threads(native_kernel):
+    rng = random.Random(3)
+    b, q, k, v = random_batch(rng, 16, 8, 128, torch.bfloat16)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = kernels.varlen_attention(q, k, v, b.cu_seqlens, b.prefix)
+        torch.set_num_threads(2)
+        two = native_kernel(q, k, v, b.cu_seqlens, b.prefix)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two)  # each block is one thread's, whichever
+    # no prefix: the plain causal attention of each sequence
+    plain = native_kernel(q, k, v, b.cu_seqlens, None)
+    want = packed_attention_loop(q.double(), k.double(), v.double(), list(b.spans))
+    assert (plain.double() - want).abs().max() < 5e-2
+    # float32, or a head dim the kernel does not tile: the Python body
+    q32, k32, v32 = q.float(), k.float(), v.float()
+    assert torch.equal(kernels.varlen_attention(q32, k32, v32, b.cu_seqlens, b.prefix),
+                       kernels.varlen_attention_cpu(q32, k32, v32, list(b.spans), b.prefix.tolist()))
+
+
+def test_native_kernel_refuses_what_it_cannot_serve(native_kernel):
+    q, k, v = torch.randn(12, 4, 32).bfloat16(), torch.randn(12, 2, 32).bfloat16(), torch.randn(12, 2, 32).bfloat16()
+    with pytest.raises(RuntimeError, match="cu_seqlens must end at T"):
+        native_kernel(q, k, v, torch.tensor([0, 5, 11]), None)
+    with pytest.raises(RuntimeError, match="must be an earlier sequence without a prefix"):
+        native_kernel(q, k, v, torch.tensor([0, 4, 8, 12]), torch.tensor([-1, 0, 1]))
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        native_kernel(q.float(), k.float(), v.float(), torch.tensor([0, 12]), None)

@@ -1,0 +1,246 @@
+// Causal attention within each sequence of a packed bf16 prefill batch, on a CPU: the
+// native body of bounded::varlen_attention (kernels/attention.py). One call per layer; no
+// Python, no padding, no per-sequence tensor objects.
+//
+// A sequence may continue an earlier one, its prefix (a query whose K/V its items share):
+// its rows then see every prefix key and their own keys up to themselves.
+//
+// Work is cut into units of (sequence, K/V head, block of up to BLOCK query rows); a block's
+// keys stop at its last row (the causal triangle's upper blocks are never computed). The
+// threads of torch's pool take units largest-first from a shared counter. Per unit, the
+// block's keys and values are packed once into pairs along the contraction (the layout of
+// AVX512-BF16's dot-product instruction); then per query head of the group: scores = Q K^T
+// (bf16 products, float32 sums), scaled, masked, softmax in float32, probabilities rounded
+// to bf16 (as the eager softmax(...).to(bf16) is), P V summed in float32 and rounded to the
+// bf16 output. The GEMMs are a register-tiled micro-kernel (4 rows x 64 columns) over that
+// instruction: ATen's small bf16 GEMMs return bf16 (the scores need float32), and its
+// float32-output path ran at a third of the rate here and serialised across threads.
+// CPUs without AVX512-BF16 are refused (`supported()`); the Python op serves them.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/vec.h>
+#include <torch/library.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+using at::BFloat16;
+using Vec = at::vec::Vectorized<float>;
+
+constexpr int64_t BLOCK = 64;  // query rows per unit
+
+struct Unit {
+  int64_t rows0, rows1;   // packed rows [rows0, rows1) of the block
+  int64_t own0;           // first packed row of the sequence's own tokens
+  int64_t pre0, pre_len;  // prefix rows (pre_len 0: none)
+  int64_t head;           // K/V head
+  int64_t work;
+};
+
+// dst[0:n] = bf16(exp(row * scale - max)), zero up to `width`; returns the sum of the
+// exponentials (the caller divides the output rows by it: flash attention's deferred
+// normalisation, so the row is read and written once).
+float exp_row(float* row, int64_t n, float scale, BFloat16* dst, int64_t width) {
+  const float inf = std::numeric_limits<float>::infinity();
+  Vec vmax(-inf);
+  int64_t j = 0;
+  for (; j + Vec::size() <= n; j += Vec::size()) vmax = at::vec::maximum(vmax, Vec::loadu(row + j));
+  float mx = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, vmax);
+  for (; j < n; ++j) mx = std::max(mx, row[j]);
+  const Vec vscale(scale), vshift(mx * scale);
+  Vec vsum(0.0f);
+  for (j = 0; j + Vec::size() <= n; j += Vec::size()) {
+    auto e = (Vec::loadu(row + j) * vscale - vshift).exp_u20();
+    e.store(row + j);
+    vsum = vsum + e;
+  }
+  float sum = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, vsum);
+  for (; j < n; ++j) {
+    row[j] = std::exp(row[j] * scale - mx * scale);
+    sum += row[j];
+  }
+  at::vec::convert(row, dst, n);
+  std::fill(dst + n, dst + width, BFloat16(0.0f));
+  return sum;
+}
+
+#define BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+
+// c[R, 16V] (float32, ldc; the last vector masked to `cols`) = a[R, 2kp] (bf16 rows, lda)
+// x b, where b holds pairs: b[p * ldb + j] = (B[2p][j], B[2p+1][j]) as one 32-bit word.
+template <int R, int V>
+BF16_TARGET void micro(const BFloat16* a, int64_t lda, const uint32_t* b, int64_t ldb, int64_t kp, float* c,
+                       int64_t ldc, int64_t cols) {
+  __m512 acc[R][V];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < V; ++j) acc[r][j] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < kp; ++p) {
+    __m512bh bv[V];
+    for (int j = 0; j < V; ++j) bv[j] = (__m512bh)_mm512_loadu_si512(b + p * ldb + 16 * j);
+    for (int r = 0; r < R; ++r) {
+      int32_t word;
+      std::memcpy(&word, a + r * lda + 2 * p, sizeof(word));
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(word);
+      for (int j = 0; j < V; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], av, bv[j]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < V; ++j) {
+      const int64_t left = cols - 16 * j;
+      const __mmask16 mask = left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+      _mm512_mask_storeu_ps(c + r * ldc + 16 * j, mask, acc[r][j]);
+    }
+}
+
+using Micro = void (*)(const BFloat16*, int64_t, const uint32_t*, int64_t, int64_t, float*, int64_t, int64_t);
+
+template <int R>
+constexpr std::array<Micro, 4> micros() {
+  return {&micro<R, 1>, &micro<R, 2>, &micro<R, 3>, &micro<R, 4>};
+}
+
+// c[m, n] = a[m, 2kp] x b (pairs, ldb >= n rounded up to 16)
+void gemm_pairs(const BFloat16* a, int64_t lda, int64_t m, const uint32_t* b, int64_t ldb, int64_t kp, int64_t n,
+                float* c, int64_t ldc) {
+  static const std::array<std::array<Micro, 4>, 4> table = {micros<1>(), micros<2>(), micros<3>(), micros<4>()};
+  for (int64_t j = 0; j < n; j += 64) {  // a 64-column panel of b stays in L1 across the rows
+    const int64_t cols = std::min<int64_t>(64, n - j);
+    const Micro* row = nullptr;
+    for (int64_t i = 0; i < m; i += 4) {
+      const int64_t rows = std::min<int64_t>(4, m - i);
+      row = table[rows - 1].data();
+      row[(cols + 15) / 16 - 1](a + i * lda, lda, b + j, ldb, kp, c + i * ldc + j, ldc, cols);
+    }
+  }
+}
+
+int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+uint32_t pair(BFloat16 lo, BFloat16 hi) {
+  return static_cast<uint32_t>(lo.x) | (static_cast<uint32_t>(hi.x) << 16);
+}
+
+struct Scratch {
+  std::vector<uint32_t> kt, vt;  // keys and values in pairs
+  std::vector<float> scores, acc, sums;
+  std::vector<BFloat16> probs;
+};
+
+void run_unit(const Unit& u, const BFloat16* q, const BFloat16* k, const BFloat16* v, BFloat16* out,
+              int64_t hq, int64_t hkv, int64_t d, float scale, Scratch& w) {
+  const int64_t g = hq / hkv;
+  const int64_t m = u.rows1 - u.rows0;  // query rows
+  const int64_t own = u.rows1 - u.own0;  // own keys the block sees
+  const int64_t keys = u.pre_len + own;
+  const int64_t ldk = round_up(keys, 16), kpairs = (keys + 1) / 2, width = 2 * kpairs;
+  const int64_t qs = hq * d, ks = hkv * d;  // row strides of q and k/v
+  auto key_row = [&](int64_t j) { return j < u.pre_len ? u.pre0 + j : u.own0 + (j - u.pre_len); };
+  // K^T in pairs along d: kt[p * ldk + j] = (K[j][2p], K[j][2p+1]); V in pairs along the keys
+  w.kt.assign(d / 2 * ldk, 0u);
+  w.vt.assign(kpairs * d, 0u);
+  for (int64_t j = 0; j < keys; ++j) {
+    const BFloat16* kr = k + key_row(j) * ks + u.head * d;
+    for (int64_t p = 0; p < d / 2; ++p) w.kt[p * ldk + j] = pair(kr[2 * p], kr[2 * p + 1]);
+  }
+  for (int64_t p = 0; p < kpairs; ++p) {
+    const BFloat16* v0 = v + key_row(2 * p) * ks + u.head * d;
+    const BFloat16* v1 = 2 * p + 1 < keys ? v + key_row(2 * p + 1) * ks + u.head * d : nullptr;
+    for (int64_t c = 0; c < d; ++c) w.vt[p * d + c] = pair(v0[c], v1 ? v1[c] : BFloat16(0.0f));
+  }
+  w.scores.resize(m * ldk);
+  w.probs.resize(m * width);
+  w.acc.resize(m * d);
+  w.sums.resize(m);
+  for (int64_t gi = 0; gi < g; ++gi) {
+    const int64_t h = u.head * g + gi;
+    gemm_pairs(q + u.rows0 * qs + h * d, qs, m, w.kt.data(), ldk, d / 2, keys, w.scores.data(), ldk);
+    for (int64_t r = 0; r < m; ++r) {
+      const int64_t valid = u.pre_len + (u.rows0 + r - u.own0) + 1;  // causal: keys up to this row
+      w.sums[r] = exp_row(w.scores.data() + r * ldk, valid, scale, w.probs.data() + r * width, width);
+    }
+    gemm_pairs(w.probs.data(), width, m, w.vt.data(), d, kpairs, d, w.acc.data(), d);
+    for (int64_t r = 0; r < m; ++r) {
+      float* row = w.acc.data() + r * d;
+      const Vec inv(1.0f / w.sums[r]);
+      for (int64_t c = 0; c < d; c += Vec::size()) (Vec::loadu(row + c) * inv).store(row + c);  // d % 16 == 0
+      at::vec::convert(row, out + (u.rows0 + r) * qs + h * d, d);
+    }
+  }
+}
+
+bool supported() { return __builtin_cpu_supports("avx512bf16"); }
+
+at::Tensor varlen_attention_bf16(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const at::Tensor& cu_seqlens, const c10::optional<at::Tensor>& prefix) {
+  TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(), "CPU tensors only");
+  TORCH_CHECK(q.scalar_type() == at::kBFloat16 && k.scalar_type() == at::kBFloat16 &&
+                  v.scalar_type() == at::kBFloat16, "bfloat16 q/k/v only");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q/k/v: [T, H, D]");
+  const int64_t t = q.size(0), hq = q.size(1), d = q.size(2), hkv = k.size(1);
+  TORCH_CHECK(hkv > 0 && hq % hkv == 0 && k.size(2) == d && v.sizes() == k.sizes() && k.size(0) == t,
+              "q [T, Hq, D], k/v [T, Hkv, D] with Hkv dividing Hq");
+  TORCH_CHECK(d % 16 == 0, "head dim a multiple of 16");
+  TORCH_CHECK(supported(), "this CPU has no AVX512-BF16");
+  auto qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+  auto cu = cu_seqlens.to(at::kLong).contiguous();
+  const int64_t s = cu.numel() - 1;
+  const int64_t* off = cu.data_ptr<int64_t>();
+  TORCH_CHECK(s >= 0 && (s == 0 || off[s] == t), "cu_seqlens must end at T");
+  std::vector<int64_t> pre(s, -1);
+  if (prefix.has_value() && prefix->defined()) {
+    auto p = prefix->to(at::kLong).contiguous();
+    TORCH_CHECK(p.numel() == s, "prefix: one entry per sequence");
+    std::copy(p.data_ptr<int64_t>(), p.data_ptr<int64_t>() + s, pre.begin());
+  }
+  std::vector<Unit> units;
+  for (int64_t i = 0; i < s; ++i) {
+    const int64_t a = off[i], b = off[i + 1];
+    TORCH_CHECK(a < b, "empty sequence ", i);
+    int64_t p0 = 0, plen = 0;
+    if (pre[i] >= 0) {
+      TORCH_CHECK(pre[i] < i && pre[pre[i]] < 0, "sequence ", i, ": prefix ", pre[i],
+                  " must be an earlier sequence without a prefix");
+      p0 = off[pre[i]];
+      plen = off[pre[i] + 1] - p0;
+    }
+    for (int64_t r = a; r < b; r += BLOCK) {
+      const int64_t r1 = std::min(b, r + BLOCK);
+      for (int64_t h = 0; h < hkv; ++h) units.push_back({r, r1, a, p0, plen, h, (r1 - r) * (plen + r1 - a)});
+    }
+  }
+  std::stable_sort(units.begin(), units.end(), [](const Unit& x, const Unit& y) { return x.work > y.work; });
+  auto out = at::empty({t, hq * d}, q.options());
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const auto* qp = qc.data_ptr<BFloat16>();
+  const auto* kp = kc.data_ptr<BFloat16>();
+  const auto* vp = vc.data_ptr<BFloat16>();
+  auto* op = out.data_ptr<BFloat16>();
+  std::atomic<int64_t> next{0};
+  const int64_t n = static_cast<int64_t>(units.size());
+  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n));
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    Scratch w;
+    for (int64_t i = next++; i < n; i = next++) run_unit(units[i], qp, kp, vp, op, hq, hkv, d, scale, w);
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(bounded_native, m) {
+  m.def("varlen_attention_bf16(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, Tensor? prefix=None) -> Tensor");
+  m.def("supported() -> bool", &supported);
+}
+
+TORCH_LIBRARY_IMPL(bounded_native, CPU, m) {
+  m.impl("varlen_attention_bf16", &varlen_attention_bf16);
+}

@@ -1,0 +1,81 @@
+"""The engine's native CPU kernels (csrc/), built once per machine and source with torch's
+C++ extension builder, loaded into the process on first use.
+
+Today one kernel: `varlen_attention_bf16`, the body of bounded::varlen_attention for bf16 on
+CPUs with AVX512-BF16 (attention.py dispatches to it). Built into
+`$BOUNDED_BENCH_CACHE/native/<digest>/` (~15 s with g++), named by a digest of the source
+and torch's version, so an edit or a new torch builds anew and a stale library never loads.
+Where it cannot be had -- no C++ compiler, a CPU without AVX512-BF16, a failed build --
+`available()` says False with the reason in `status()`, and the Python kernels serve.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+SOURCE = Path(__file__).parent / "csrc" / "varlen_attention.cpp"
+
+_lock = threading.Lock()
+_state: dict[str, Optional[str]] = {}  # "error": why it is unavailable (None: loaded)
+
+
+def cpu_has_bf16_dot() -> bool:
+    """AVX512-BF16 (Zen 4+, Cooper Lake, Sapphire Rapids+): the instruction the kernel uses."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " avx512_bf16" in line for line in f)
+    except OSError:
+        return False
+
+
+def build_dir() -> Path:
+    root = os.environ.get("BOUNDED_BENCH_CACHE") or Path.home() / ".cache" / "bounded-bench"
+    digest = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:16]
+    return Path(root) / "native" / digest
+
+
+def load(log: Callable[[str], None] = print) -> bool:
+    """Build (first time on this machine) and load the library. -> whether it is usable.
+    Thread-safe; later calls only answer."""
+    with _lock:
+        if "error" not in _state:
+            _state["error"] = _load(log)
+            if _state["error"]:
+                log(f"native CPU attention unavailable ({_state['error']}); the Python kernel serves")
+        return _state["error"] is None
+
+
+def available() -> bool:
+    """Loaded and usable (never builds: call `load` first)."""
+    return _state.get("error", "not loaded") is None
+
+
+def status() -> str:
+    return "loaded" if available() else _state.get("error") or "not loaded"
+
+
+def _load(log: Callable[[str], None]) -> Optional[str]:
+    if os.environ.get("BOUNDED_NATIVE", "1") == "0":
+        return "disabled by BOUNDED_NATIVE=0"
+    if not cpu_has_bf16_dot():
+        return "this CPU has no AVX512-BF16"
+    from torch.utils import cpp_extension
+
+    out = build_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    fresh = not any(out.glob("*.so"))
+    if fresh:
+        log(f"building the native CPU attention kernel (once per machine and source) in {out} ...")
+    try:
+        cpp_extension.load(f"bounded_native_{out.name}", [str(SOURCE)], extra_cflags=["-O3"],
+                           build_directory=str(out), is_python_module=False, verbose=False)
+    except Exception as e:  # no compiler, headers, ...: say why in one line
+        return f"build failed: {type(e).__name__}: {str(e).strip().splitlines()[-1][:200] if str(e) else ''}"
+    if not torch.ops.bounded_native.supported():
+        return "this CPU has no AVX512-BF16"
+    return None
