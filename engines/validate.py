@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from engines.base import BeamRequest, Bounds, PrefillRequest, Request, RequestRejected, Sample
+from engines.encode import FastEncoder
 
 # Hard caps, whatever the bounds say: sizes an engine could never plan buffers for.
 MAX_SAMPLES = 4096
@@ -166,6 +167,7 @@ class RequestChecker:
         self._labels: dict[tuple, list[int]] = {}
         self._codes: dict[int, tuple[object, _Codes]] = {}
         self._token_bytes: int | None = None
+        self._encoder: FastEncoder | None = None  # built at the first text
         self._lock = threading.Lock()
 
     def check(self, request: Request) -> Checked:
@@ -346,12 +348,12 @@ class RequestChecker:
     def _encode_texts(self, texts: list[str]) -> list[list[int] | None]:
         if self.tokenizer is None or not texts:
             return [None] * len(texts)  # no tokenizer: the length of text is unknown
-        # a fast tokenizer's own batch encoder: no wrapper cost, and it releases the GIL while it
-        # works (the single-text `encode` holds it: a long text stalled the server's event loop)
-        backend = getattr(self.tokenizer, "backend_tokenizer", None)
-        if backend is not None and hasattr(backend, "encode_batch_fast"):
-            return [enc.ids for enc in backend.encode_batch_fast(texts, add_special_tokens=False)]
-        return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+        # the tokenizer's own ids, short text from a piece cache; long text goes to the fast
+        # tokenizer's batch encoder, which releases the GIL (the single-text `encode` holds it: a
+        # long text stalled the server's event loop)
+        if self._encoder is None:
+            self._encoder = FastEncoder(self.tokenizer)
+        return self._encoder.encode(texts)
 
     def _fit(self, seq: list[int], where: str, cap: int, extra: int = 0,
              bound: str = "max_prompt_tokens") -> list[int]:
