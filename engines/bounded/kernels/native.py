@@ -20,6 +20,14 @@ import torch
 
 SOURCE = Path(__file__).parent / "csrc" / "varlen_attention.cpp"
 
+# AVX-512 for the whole file, so ATen's Vectorized<float> (exp, max, bf16 conversion) is its
+# 512-bit implementation, not the portable one that loops over scalars: the library is only
+# built and loaded on a CPU with AVX512-BF16 (`cpu_has_bf16_dot`).
+# -fopenmp: ATen's parallel_for is OpenMP inlined from its headers (without it the units run
+# on the calling thread alone); the libgomp it links is torch's own, already loaded.
+CFLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma",
+          "-DCPU_CAPABILITY_AVX512", "-DCPU_CAPABILITY=AVX512"]
+
 _lock = threading.Lock()
 _state: dict[str, Optional[str]] = {}  # "error": why it is unavailable (None: loaded)
 
@@ -35,7 +43,7 @@ def cpu_has_bf16_dot() -> bool:
 
 def build_dir() -> Path:
     root = os.environ.get("BOUNDED_BENCH_CACHE") or Path.home() / ".cache" / "bounded-bench"
-    digest = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:16]
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode() + torch.__version__.encode()).hexdigest()[:16]
     return Path(root) / "native" / digest
 
 
@@ -72,10 +80,12 @@ def _load(log: Callable[[str], None]) -> Optional[str]:
     if fresh:
         log(f"building the native CPU attention kernel (once per machine and source) in {out} ...")
     try:
-        cpp_extension.load(f"bounded_native_{out.name}", [str(SOURCE)], extra_cflags=["-O3"],
+        cpp_extension.load(f"bounded_native_{out.name}", [str(SOURCE)], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"],
                            build_directory=str(out), is_python_module=False, verbose=False)
-    except Exception as e:  # no compiler, headers, ...: say why in one line
-        return f"build failed: {type(e).__name__}: {str(e).strip().splitlines()[-1][:200] if str(e) else ''}"
+    except Exception as e:  # no compiler, headers, ...: say why in one line (the compiler's first error)
+        lines = str(e).strip().splitlines() or [""]
+        first = next((line for line in lines if "error" in line.lower()), lines[-1])
+        return f"build failed: {type(e).__name__}: {first.strip()[:300]}"
     if not torch.ops.bounded_native.supported():
         return "this CPU has no AVX512-BF16"
     return None

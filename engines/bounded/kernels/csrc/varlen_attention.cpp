@@ -54,7 +54,7 @@ float exp_row(float* row, int64_t n, float scale, BFloat16* dst, int64_t width) 
   Vec vmax(-inf);
   int64_t j = 0;
   for (; j + Vec::size() <= n; j += Vec::size()) vmax = at::vec::maximum(vmax, Vec::loadu(row + j));
-  float mx = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, vmax);
+  float mx = _mm512_reduce_max_ps(vmax);  // built for AVX-512 (native.py): Vec is one __m512
   for (; j < n; ++j) mx = std::max(mx, row[j]);
   const Vec vscale(scale), vshift(mx * scale);
   Vec vsum(0.0f);
@@ -63,7 +63,7 @@ float exp_row(float* row, int64_t n, float scale, BFloat16* dst, int64_t width) 
     e.store(row + j);
     vsum = vsum + e;
   }
-  float sum = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, vsum);
+  float sum = _mm512_reduce_add_ps(vsum);
   for (; j < n; ++j) {
     row[j] = std::exp(row[j] * scale - mx * scale);
     sum += row[j];
