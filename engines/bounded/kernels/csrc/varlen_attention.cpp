@@ -5,11 +5,11 @@
 // A sequence may continue an earlier one, its prefix (a query whose K/V its items share):
 // its rows then see every prefix key and their own keys up to themselves.
 //
-// Work is cut into units of (sequence, K/V head, block of up to BLOCK query rows); a block's
-// keys stop at its last row (the causal triangle's upper blocks are never computed). The
-// threads of torch's pool take units largest-first from a shared counter. Per unit, the
-// block's keys and values are packed once into pairs along the contraction (the layout of
-// AVX512-BF16's dot-product instruction); then per query head of the group: scores = Q K^T
+// Work is cut into units of (sequence, K/V head), which the threads of torch's pool take
+// largest-first from a shared counter. Per unit, the keys and values are packed once into
+// pairs along the contraction (the layout of AVX512-BF16's dot-product instruction); then per
+// block of BLOCK query rows, whose keys stop at its last row (the causal triangle's upper
+// blocks are never computed), and per query head of the group: scores = Q K^T
 // (bf16 products, float32 sums), scaled, masked, softmax in float32, probabilities rounded
 // to bf16 (as the eager softmax(...).to(bf16) is), P V summed in float32 and rounded to the
 // bf16 output. The GEMMs are a register-tiled micro-kernel (4 rows x 64 columns) over that
@@ -36,14 +36,20 @@ namespace {
 using at::BFloat16;
 using Vec = at::vec::Vectorized<float>;
 
-constexpr int64_t BLOCK = 64;  // query rows per unit
+constexpr int64_t BLOCK = 32;  // query rows per block: its keys stop at its last row
 
-struct Unit {
-  int64_t rows0, rows1;   // packed rows [rows0, rows1) of the block
-  int64_t own0;           // first packed row of the sequence's own tokens
-  int64_t pre0, pre_len;  // prefix rows (pre_len 0: none)
-  int64_t head;           // K/V head
+struct Unit {              // one sequence and one K/V head
+  int64_t own0, own1;      // the sequence's packed rows
+  int64_t pre0, pre_len;   // prefix rows (pre_len 0: none)
+  int64_t head;            // K/V head
   int64_t work;
+};
+
+struct Rows {              // q/k/v [T, H, D] with rows `stride` elements apart (views of a fused projection)
+  const BFloat16* q;
+  const BFloat16* k;
+  const BFloat16* v;
+  int64_t qs, ks, vs;
 };
 
 // dst[0:n] = bf16(exp(row * scale - max)), zero up to `width`; returns the sum of the
@@ -135,44 +141,48 @@ struct Scratch {
   std::vector<BFloat16> probs;
 };
 
-void run_unit(const Unit& u, const BFloat16* q, const BFloat16* k, const BFloat16* v, BFloat16* out,
-              int64_t hq, int64_t hkv, int64_t d, float scale, Scratch& w) {
+void run_unit(const Unit& u, const Rows& x, BFloat16* out, int64_t hq, int64_t hkv, int64_t d, float scale,
+              Scratch& w) {
   const int64_t g = hq / hkv;
-  const int64_t m = u.rows1 - u.rows0;  // query rows
-  const int64_t own = u.rows1 - u.own0;  // own keys the block sees
-  const int64_t keys = u.pre_len + own;
-  const int64_t ldk = round_up(keys, 16), kpairs = (keys + 1) / 2, width = 2 * kpairs;
-  const int64_t qs = hq * d, ks = hkv * d;  // row strides of q and k/v
+  const int64_t keys = u.pre_len + (u.own1 - u.own0);
+  const int64_t ldk = round_up(keys, 16), kpairs = (keys + 1) / 2;
   auto key_row = [&](int64_t j) { return j < u.pre_len ? u.pre0 + j : u.own0 + (j - u.pre_len); };
-  // K^T in pairs along d: kt[p * ldk + j] = (K[j][2p], K[j][2p+1]); V in pairs along the keys
+  // once per unit, for all its blocks: K^T in pairs along d, kt[p * ldk + j] = (K[j][2p],
+  // K[j][2p+1]); V in pairs along the keys, vt[p * d + c] = (V[2p][c], V[2p+1][c])
   w.kt.assign(d / 2 * ldk, 0u);
   w.vt.assign(kpairs * d, 0u);
   for (int64_t j = 0; j < keys; ++j) {
-    const BFloat16* kr = k + key_row(j) * ks + u.head * d;
+    const BFloat16* kr = x.k + key_row(j) * x.ks + u.head * d;
     for (int64_t p = 0; p < d / 2; ++p) w.kt[p * ldk + j] = pair(kr[2 * p], kr[2 * p + 1]);
   }
   for (int64_t p = 0; p < kpairs; ++p) {
-    const BFloat16* v0 = v + key_row(2 * p) * ks + u.head * d;
-    const BFloat16* v1 = 2 * p + 1 < keys ? v + key_row(2 * p + 1) * ks + u.head * d : nullptr;
+    const BFloat16* v0 = x.v + key_row(2 * p) * x.vs + u.head * d;
+    const BFloat16* v1 = 2 * p + 1 < keys ? x.v + key_row(2 * p + 1) * x.vs + u.head * d : nullptr;
     for (int64_t c = 0; c < d; ++c) w.vt[p * d + c] = pair(v0[c], v1 ? v1[c] : BFloat16(0.0f));
   }
-  w.scores.resize(m * ldk);
-  w.probs.resize(m * width);
-  w.acc.resize(m * d);
-  w.sums.resize(m);
-  for (int64_t gi = 0; gi < g; ++gi) {
-    const int64_t h = u.head * g + gi;
-    gemm_pairs(q + u.rows0 * qs + h * d, qs, m, w.kt.data(), ldk, d / 2, keys, w.scores.data(), ldk);
-    for (int64_t r = 0; r < m; ++r) {
-      const int64_t valid = u.pre_len + (u.rows0 + r - u.own0) + 1;  // causal: keys up to this row
-      w.sums[r] = exp_row(w.scores.data() + r * ldk, valid, scale, w.probs.data() + r * width, width);
-    }
-    gemm_pairs(w.probs.data(), width, m, w.vt.data(), d, kpairs, d, w.acc.data(), d);
-    for (int64_t r = 0; r < m; ++r) {
-      float* row = w.acc.data() + r * d;
-      const Vec inv(1.0f / w.sums[r]);
-      for (int64_t c = 0; c < d; c += Vec::size()) (Vec::loadu(row + c) * inv).store(row + c);  // d % 16 == 0
-      at::vec::convert(row, out + (u.rows0 + r) * qs + h * d, d);
+  const int64_t rows = std::min<int64_t>(BLOCK, u.own1 - u.own0);
+  w.scores.resize(rows * ldk);
+  w.probs.resize(rows * 2 * kpairs);
+  w.acc.resize(rows * d);
+  w.sums.resize(rows);
+  for (int64_t r0 = u.own0; r0 < u.own1; r0 += BLOCK) {
+    const int64_t m = std::min(BLOCK, u.own1 - r0);
+    const int64_t seen = u.pre_len + (r0 + m - u.own0);  // keys up to the block's last row
+    const int64_t pairs = (seen + 1) / 2, width = 2 * pairs;
+    for (int64_t gi = 0; gi < g; ++gi) {
+      const int64_t h = u.head * g + gi;
+      gemm_pairs(x.q + r0 * x.qs + h * d, x.qs, m, w.kt.data(), ldk, d / 2, seen, w.scores.data(), ldk);
+      for (int64_t r = 0; r < m; ++r) {
+        const int64_t valid = u.pre_len + (r0 + r - u.own0) + 1;  // causal: keys up to this row
+        w.sums[r] = exp_row(w.scores.data() + r * ldk, valid, scale, w.probs.data() + r * width, width);
+      }
+      gemm_pairs(w.probs.data(), width, m, w.vt.data(), d, pairs, d, w.acc.data(), d);
+      for (int64_t r = 0; r < m; ++r) {
+        float* row = w.acc.data() + r * d;
+        const Vec inv(1.0f / w.sums[r]);
+        for (int64_t c = 0; c < d; c += Vec::size()) (Vec::loadu(row + c) * inv).store(row + c);  // d % 16 == 0
+        at::vec::convert(row, out + (r0 + r) * hq * d + h * d, d);
+      }
     }
   }
 }
@@ -190,7 +200,10 @@ at::Tensor varlen_attention_bf16(const at::Tensor& q, const at::Tensor& k, const
               "q [T, Hq, D], k/v [T, Hkv, D] with Hkv dividing Hq");
   TORCH_CHECK(d % 16 == 0, "head dim a multiple of 16");
   TORCH_CHECK(supported(), "this CPU has no AVX512-BF16");
-  auto qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+  auto rows_of = [](const at::Tensor& x) {  // any row stride; heads and dims packed
+    return x.stride(2) == 1 && x.stride(1) == x.size(2) ? x : x.contiguous();
+  };
+  auto qc = rows_of(q), kc = rows_of(k), vc = rows_of(v);
   auto cu = cu_seqlens.to(at::kLong).contiguous();
   const int64_t s = cu.numel() - 1;
   const int64_t* off = cu.data_ptr<int64_t>();
@@ -212,24 +225,20 @@ at::Tensor varlen_attention_bf16(const at::Tensor& q, const at::Tensor& k, const
       p0 = off[pre[i]];
       plen = off[pre[i] + 1] - p0;
     }
-    for (int64_t r = a; r < b; r += BLOCK) {
-      const int64_t r1 = std::min(b, r + BLOCK);
-      for (int64_t h = 0; h < hkv; ++h) units.push_back({r, r1, a, p0, plen, h, (r1 - r) * (plen + r1 - a)});
-    }
+    for (int64_t h = 0; h < hkv; ++h) units.push_back({a, b, p0, plen, h, (b - a) * (plen + (b - a) / 2 + 1)});
   }
   std::stable_sort(units.begin(), units.end(), [](const Unit& x, const Unit& y) { return x.work > y.work; });
   auto out = at::empty({t, hq * d}, q.options());
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  const auto* qp = qc.data_ptr<BFloat16>();
-  const auto* kp = kc.data_ptr<BFloat16>();
-  const auto* vp = vc.data_ptr<BFloat16>();
+  const Rows x{qc.data_ptr<BFloat16>(), kc.data_ptr<BFloat16>(), vc.data_ptr<BFloat16>(),
+               qc.stride(0), kc.stride(0), vc.stride(0)};
   auto* op = out.data_ptr<BFloat16>();
   std::atomic<int64_t> next{0};
   const int64_t n = static_cast<int64_t>(units.size());
   const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n));
   at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
     Scratch w;
-    for (int64_t i = next++; i < n; i = next++) run_unit(units[i], qp, kp, vp, op, hq, hkv, d, scale, w);
+    for (int64_t i = next++; i < n; i = next++) run_unit(units[i], x, op, hq, hkv, d, scale, w);
   });
   return out;
 }

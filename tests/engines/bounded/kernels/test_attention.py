@@ -214,6 +214,17 @@ def test_native_attention_is_the_ops_body_and_independent_of_threads(native_kern
                        kernels.varlen_attention_cpu(q32, k32, v32, list(b.spans), b.prefix.tolist()))
 
 
+def test_native_attention_reads_views_of_a_fused_projection(native_kernel):
+    """q/k/v as the model makes them: column slices of one [T, (Hq + 2 Hkv) D] projection,
+    rows further apart than their width."""
+    rng = random.Random(5)
+    b, q, k, v = random_batch(rng, 8, 2, 64, torch.bfloat16)
+    fused = torch.cat([x.reshape(x.shape[0], -1) for x in (q, k, v)], dim=1)
+    qv, kv, vv = (t.view(t.shape[0], -1, 64) for t in fused.split([8 * 64, 2 * 64, 2 * 64], dim=1))
+    assert not qv.is_contiguous() and qv.stride(0) == fused.shape[1]
+    assert torch.equal(native_kernel(qv, kv, vv, b.cu_seqlens, b.prefix), native_kernel(q, k, v, b.cu_seqlens, b.prefix))
+
+
 def test_native_kernel_refuses_what_it_cannot_serve(native_kernel):
     q, k, v = torch.randn(12, 4, 32).bfloat16(), torch.randn(12, 2, 32).bfloat16(), torch.randn(12, 2, 32).bfloat16()
     with pytest.raises(RuntimeError, match="cu_seqlens must end at T"):
