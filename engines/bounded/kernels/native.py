@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
+import sys
 import threading
 from pathlib import Path
 from typing import Callable, Optional
@@ -74,6 +76,9 @@ def _load(log: Callable[[str], None]) -> Optional[str]:
         return "this CPU has no AVX512-BF16"
     from torch.utils import cpp_extension
 
+    here = str(Path(sys.executable).parent)  # pip's ninja, where the environment is not activated
+    if shutil.which("ninja") is None and shutil.which("ninja", path=here):
+        os.environ["PATH"] = here + os.pathsep + os.environ.get("PATH", "")
     out = build_dir()
     out.mkdir(parents=True, exist_ok=True)
     fresh = not any(out.glob("*.so"))
