@@ -4,9 +4,10 @@
   graph around it is compiled). It reads the sequence offsets on the host, which on a CPU is
   where they are. For bf16 on a CPU with AVX512-BF16 its body is the native kernel
   (csrc/varlen_attention.cpp, native.py): one C++ call a layer, blocks of rows over torch's
-  threads, causal blocks skipped, no padding -- on every batch shape the fastest here (one
-  layer of 15 x 48-160 tokens, qwen3-0.6b's heads: ~2.5x the Python body; the tiny model's
-  16 x ~24 tokens: ~0.2 ms against ~1.3 ms Python and ~0.6 ms "dense"). Otherwise its body
+  threads, causal blocks skipped, no padding -- on every batch shape the fastest here (Zen 4,
+  2 threads: one layer of 15 x 48-133 tokens with qwen3-0.6b's heads 4.7 ms against 10.1 ms
+  for the Python body; the tiny model's 16 x ~24 tokens 0.07 ms against 1.9 ms Python and
+  ~1 ms "dense" in the graph). Otherwise its body
   is Python: one small GEMM pair per sequence on single-threaded workers. A sequence may
   also see the whole of an earlier one, its prefix: a query whose K/V its items share
   (query_attention.py), so a query request's query is computed once.

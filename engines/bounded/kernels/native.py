@@ -20,6 +20,9 @@ from typing import Callable, Optional
 
 import torch
 
+from engines.hardware import cpu_flags
+from engines.server.venv import cache_dir
+
 SOURCE = Path(__file__).parent / "csrc" / "varlen_attention.cpp"
 
 # AVX-512 for the whole file, so ATen's Vectorized<float> (exp, max, bf16 conversion) is its
@@ -36,17 +39,12 @@ _state: dict[str, Optional[str]] = {}  # "error": why it is unavailable (None: l
 
 def cpu_has_bf16_dot() -> bool:
     """AVX512-BF16 (Zen 4+, Cooper Lake, Sapphire Rapids+): the instruction the kernel uses."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and " avx512_bf16" in line for line in f)
-    except OSError:
-        return False
+    return "avx512_bf16" in cpu_flags()
 
 
 def build_dir() -> Path:
-    root = os.environ.get("BOUNDED_BENCH_CACHE") or Path.home() / ".cache" / "bounded-bench"
     digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode() + torch.__version__.encode()).hexdigest()[:16]
-    return Path(root) / "native" / digest
+    return cache_dir() / "native" / digest
 
 
 def load(log: Callable[[str], None] = print) -> bool:
@@ -91,6 +89,4 @@ def _load(log: Callable[[str], None]) -> Optional[str]:
         lines = str(e).strip().splitlines() or [""]
         first = next((line for line in lines if "error" in line.lower()), lines[-1])
         return f"build failed: {type(e).__name__}: {first.strip()[:300]}"
-    if not torch.ops.bounded_native.supported():
-        return "this CPU has no AVX512-BF16"
     return None

@@ -15,7 +15,7 @@
 // bf16 output. The GEMMs are a register-tiled micro-kernel (4 rows x 64 columns) over that
 // instruction: ATen's small bf16 GEMMs return bf16 (the scores need float32), and its
 // float32-output path ran at a third of the rate here and serialised across threads.
-// CPUs without AVX512-BF16 are refused (`supported()`); the Python op serves them.
+// CPUs without AVX512-BF16 are refused (native.py never loads it there; the kernel checks too).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
@@ -247,7 +247,6 @@ at::Tensor varlen_attention_bf16(const at::Tensor& q, const at::Tensor& k, const
 
 TORCH_LIBRARY(bounded_native, m) {
   m.def("varlen_attention_bf16(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, Tensor? prefix=None) -> Tensor");
-  m.def("supported() -> bool", &supported);
 }
 
 TORCH_LIBRARY_IMPL(bounded_native, CPU, m) {
