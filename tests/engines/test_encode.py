@@ -139,10 +139,34 @@ def test_long_text_goes_to_the_backend_in_place(tokenizer, encoder):
     _same(tokenizer, encoder, texts)
 
 
+def _new_words(tokenizer, rng, n):
+    """n words of two vocabulary words run together: pieces the vocabulary does not hold."""
+    words = [w for w in TextMaker(tokenizer).words if w.isascii() and w.isalpha()]
+    pick = rng.integers(0, len(words), size=(n, 2))
+    return "".join(" " + words[a] + words[b].lower() for a, b in pick)
+
+
+def test_the_vocabulary_is_known_from_the_start(tokenizer, monkeypatch):
+    enc = FastEncoder(tokenizer)
+    # every word the harness makes is one vocabulary token: none needs the BPE model
+    monkeypatch.setattr(enc, "_learn", lambda piece: pytest.fail(f"{piece!r} asked of the model"))
+    maker, rng = TextMaker(tokenizer), np.random.default_rng(4)
+    texts = [maker.text(rng, 30) for _ in range(200)]
+    _same(tokenizer, enc, texts)
+    # and the vocabulary's pieces that the split leaves whole are the backend's own ids
+    backend = tokenizer.backend_tokenizer
+    pieces = list(encode_mod.vocabulary_pieces(backend).items())
+    assert len(pieces) > 140_000
+    picked = [pieces[int(k)] for k in rng.integers(0, len(pieces), size=3000)]
+    whole = [(t, i) for t, i in picked
+             if backend.normalizer.normalize_str(t) == t and len(backend.pre_tokenizer.pre_tokenize_str(t)) == 1]
+    assert len(whole) > 2000
+    assert _backend(tokenizer, [t for t, _ in whole]) == [[i] for _, i in whole]
+
+
 def test_text_of_many_new_pieces_goes_to_the_backend_while_they_are_learnt(tokenizer):
     enc = FastEncoder(tokenizer)
-    maker, rng = TextMaker(tokenizer), np.random.default_rng(3)
-    text = maker.text(rng, 400)  # ~3,000 characters, every word new to this encoder
+    text = _new_words(tokenizer, np.random.default_rng(3), 200)  # ~3,000 characters of new pieces
     assert len(text) > 2 * MISS_CHARS and len(text) < MAX_CHARS
     _same(tokenizer, enc, [text])  # handed over, the first ~MISS_CHARS learnt
     tries = 1
@@ -155,10 +179,12 @@ def test_text_of_many_new_pieces_goes_to_the_backend_while_they_are_learnt(token
 def test_bounded_cache_starts_over(tokenizer, monkeypatch):
     monkeypatch.setattr(encode_mod, "CACHE_SIZE", 50)
     enc = FastEncoder(tokenizer)
-    maker, rng = TextMaker(tokenizer), np.random.default_rng(2)
-    texts = [maker.text(rng, 30) for _ in range(100)] + _generated(rng, 100)
+    rng = np.random.default_rng(2)
+    texts = [_new_words(tokenizer, rng, 15) for _ in range(100)] + _generated(rng, 100)
     _same(tokenizer, enc, texts, batch=10)
-    assert len(enc._one) + len(enc._many) <= 50
+    vocabulary = len(enc._vocabulary)
+    assert len(enc._one) + len(enc._many) <= vocabulary + 50
+    assert all(enc._one.get(t) == i for t, i in enc._vocabulary.items())  # the vocabulary stays
 
 
 def test_threads_share_one_encoder(tokenizer):
