@@ -1,5 +1,9 @@
-"""Causal attention within each sequence of a packed prefill batch, three ways (ATTENTIONS):
+"""Causal attention within each sequence of a packed prefill batch, four ways (ATTENTIONS):
 
+- "native" (CPU, bf16, AVX512-BF16): the native kernel (csrc/varlen_attention.cpp,
+  native.py) called by the graph itself -- the compiled package calls the C++ op with no
+  Python in between (per_sequence's Python op is a trip through the interpreter and the GIL
+  in every layer). What "auto" picks wherever the kernel loads.
 - "per_sequence" (CPU): `varlen_attention`, an opaque op for torch.export/Inductor (the
   graph around it is compiled). It reads the sequence offsets on the host, which on a CPU is
   where they are. For bf16 on a CPU with AVX512-BF16 its body is the native kernel
@@ -43,7 +47,7 @@ from torch import Tensor
 from engines.bounded.kernels import native
 from engines.bounded.kernels.query_attention import Span, Unit, attend_items, attention_units, head_rows
 
-ATTENTIONS = ("per_sequence", "padded", "dense")
+ATTENTIONS = ("per_sequence", "padded", "dense", "native")
 
 
 # On a CPU the padded flash kernel beats the per-sequence op where a batch holds few
@@ -62,13 +66,12 @@ def attention_for(device: torch.device, max_sequences: Optional[int] = None, max
                   native: bool = False) -> str:
     """The prefill attention a device runs best for batches of up to `max_sequences`
     sequences (None: many) of up to `max_len` tokens (None: long): padded on a GPU; on a CPU
-    per sequence where the native kernel serves (`native`: bf16 and native.available()),
-    else dense for short sequences, padded for a few long ones (the beam prefill's prompts),
+    the native kernel where it serves (`native`: bf16 and native.available()), else dense for short sequences, padded for a few long ones (the beam prefill's prompts),
     per sequence otherwise (prefill scoring's long samples)."""
     if torch.device(device).type != "cpu":
         return "padded"
     if native:
-        return "per_sequence"
+        return "native"
     if max_len is not None and max_len <= SHORT_SEQUENCES:
         return "dense"
     return "padded" if max_sequences is not None and max_sequences <= FEW_SEQUENCES else "per_sequence"
@@ -84,6 +87,10 @@ def packed_attention(kind: str, cu_seqlens: Tensor, pad_index: Tensor, unpad_ind
         return lambda q, k, v: packed_attention_dense(q, k, v, pad_index, unpad_index)
     if kind == "per_sequence":
         return lambda q, k, v: varlen_attention(q, k, v, cu_seqlens, prefix)
+    if kind == "native":
+        if not native.available():
+            raise ValueError(f"attention 'native' needs the native CPU kernel ({native.status()})")
+        return lambda q, k, v: torch.ops.bounded_native.varlen_attention_bf16(q, k, v, cu_seqlens, prefix)
     raise ValueError(f"attention {kind!r}; choose one of {', '.join(ATTENTIONS)}")
 
 

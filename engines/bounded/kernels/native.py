@@ -1,8 +1,9 @@
 """The engine's native CPU kernels (csrc/), built once per machine and source with torch's
 C++ extension builder, loaded into the process on first use.
 
-Today one kernel: `varlen_attention_bf16`, the body of bounded::varlen_attention for bf16 on
-CPUs with AVX512-BF16 (attention.py dispatches to it). Built into
+Today one kernel: `varlen_attention_bf16`, the "native" prefill attention for bf16 on CPUs
+with AVX512-BF16, called from the compiled graphs directly (and the body of the Python
+bounded::varlen_attention there: attention.py). Built into
 `$BOUNDED_BENCH_CACHE/native/<digest>/` (~15 s with g++), named by a digest of the source
 and torch's version, so an edit or a new torch builds anew and a stale library never loads.
 Where it cannot be had -- no C++ compiler, a CPU without AVX512-BF16, a failed build --
@@ -89,4 +90,11 @@ def _load(log: Callable[[str], None]) -> Optional[str]:
         lines = str(e).strip().splitlines() or [""]
         first = next((line for line in lines if "error" in line.lower()), lines[-1])
         return f"build failed: {type(e).__name__}: {first.strip()[:300]}"
+    # its output's shape for torch.export (the graphs of the "native" attention call it)
+    torch.library.register_fake("bounded_native::varlen_attention_bf16")(_fake_varlen_attention)
     return None
+
+
+def _fake_varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+                           prefix: Optional[torch.Tensor] = None) -> torch.Tensor:
+    return q.new_empty(q.shape[0], q.shape[1] * q.shape[2])

@@ -70,6 +70,9 @@ class CompiledRuntime:
         use_native = self.device.type == "cpu" and policy.dtype == "bfloat16" and native.load(log)
         self.attention = attention_for(self.device, max_sequences, max_len, use_native) \
             if attention == "auto" else attention
+        if self.attention == "native" and not use_native:
+            raise ValueError("prefill_attention=native needs bf16 on a CPU where the native kernel loads "
+                             f"({native.status() if self.device.type == 'cpu' else self.device.type})")
         self.status: dict[str, Any] = {"compile": compile_mode, "compile_requested": compile_mode,
                                        "prefill_attention": self.attention}
         if self.device.type == "cpu":

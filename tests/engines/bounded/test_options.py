@@ -46,7 +46,7 @@ def test_unknown_option_lists_the_known_ones():
     ({"max_batch_beams": 1 << 40}, "outside 0..65,536"),
     ({"fp8": 5}, "fp8=5: give a GEMM group or a list of them"),  # was "'int' object is not iterable"
     ({"residual": [1]}, "residual=[1]: a name is expected"),  # was "unhashable type: 'list'"
-    ({"prefill_attention": "flash"}, "prefill_attention='flash'; choose one of auto, per_sequence, padded"),
+    ({"prefill_attention": "flash"}, "prefill_attention='flash'; choose one of auto, per_sequence, padded, dense, native"),
     ({"cuda_graphs": "maybe"}, "cuda_graphs='maybe': not a yes/no value"),
     ({"share_query": "banana"}, "share_query='banana': not a yes/no value"),  # named only the value
 ])

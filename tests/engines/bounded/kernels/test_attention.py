@@ -38,12 +38,12 @@ def test_packed_attention_kernels_agree():
     padded = kernels.packed_attention_padded(q, k, v, b.pad_index, b.unpad_index)
     loop = packed_attention_loop(q, k, v, list(b.spans))
     varlen = kernels.varlen_attention(q, k, v, b.cu_seqlens)
-    for kind in kernels.ATTENTIONS:  # what the programs call, by kind (padded: the GPU's)
+    for kind in set(kernels.ATTENTIONS) - {"native"}:  # what the programs call, by kind (padded: the GPU's)
         attend = kernels.packed_attention(kind, b.cu_seqlens, b.pad_index, b.unpad_index)
         assert torch.allclose(attend(q, k, v), loop, atol=1e-5), kind
     assert torch.allclose(padded, loop, atol=1e-5)
     assert torch.allclose(varlen, loop, atol=1e-5)
-    with pytest.raises(ValueError, match="choose one of per_sequence, padded, dense"):
+    with pytest.raises(ValueError, match="choose one of per_sequence, padded, dense, native"):
         kernels.packed_attention("flash", b.cu_seqlens, b.pad_index, b.unpad_index)
     # each sequence alone: attention never crosses a sequence boundary
     s, e = b.spans[2]
@@ -162,9 +162,9 @@ def test_auto_attention_by_device_and_batch():
     assert kernels.attention_for(cpu, 1, kernels.SHORT_SEQUENCES) == "dense"
     assert kernels.attention_for(cpu, None, kernels.SHORT_SEQUENCES + 1) == "per_sequence"
     assert kernels.attention_for(gpu) == kernels.attention_for(gpu, 1) == "padded"
-    # where the native kernel serves, per sequence on every batch shape; a GPU stays padded
-    assert kernels.attention_for(cpu, 1, kernels.SHORT_SEQUENCES, native=True) == "per_sequence"
-    assert kernels.attention_for(cpu, None, None, native=True) == "per_sequence"
+    # where the native kernel serves, it on every batch shape; a GPU stays padded
+    assert kernels.attention_for(cpu, 1, kernels.SHORT_SEQUENCES, native=True) == "native"
+    assert kernels.attention_for(cpu, None, None, native=True) == "native"
     assert kernels.attention_for(gpu, native=True) == "padded"
 
 
@@ -212,6 +212,29 @@ def test_native_attention_is_the_ops_body_and_independent_of_threads(native_kern
     q32, k32, v32 = q.float(), k.float(), v.float()
     assert torch.equal(kernels.varlen_attention(q32, k32, v32, b.cu_seqlens, b.prefix),
                        kernels.varlen_attention_cpu(q32, k32, v32, list(b.spans), b.prefix.tolist()))
+
+
+def test_the_native_kind_calls_the_kernel_and_exports_it(native_kernel):
+    """attention "native": the programs' attend calls the C++ op itself, which torch.export
+    keeps as one node (its fake gives the output's shape)."""
+    rng = random.Random(7)
+    b, q, k, v = random_batch(rng, 4, 2, 32, torch.bfloat16)
+    attend = kernels.packed_attention("native", b.cu_seqlens, b.pad_index, b.unpad_index, b.prefix)
+    assert torch.equal(attend(q, k, v), native_kernel(q, k, v, b.cu_seqlens, b.prefix))
+
+    class Attend(torch.nn.Module):
+        def forward(self, q, k, v, cu_seqlens, prefix):
+            return kernels.packed_attention("native", cu_seqlens, None, None, prefix)(q, k, v)
+
+    graph = torch.export.export(Attend(), (q, k, v, b.cu_seqlens, b.prefix)).graph
+    calls = [n.target for n in graph.nodes if n.op == "call_function"]
+    assert calls == [torch.ops.bounded_native.varlen_attention_bf16.default]
+
+
+def test_native_kind_is_refused_where_the_kernel_is_not_loaded(monkeypatch):
+    monkeypatch.setattr(native, "_state", {"error": "this CPU has no AVX512-BF16"})
+    with pytest.raises(ValueError, match="needs the native CPU kernel \\(this CPU has no AVX512-BF16\\)"):
+        kernels.packed_attention("native", torch.tensor([0, 4]), None, None)
 
 
 def test_native_attention_reads_views_of_a_fused_projection(native_kernel):

@@ -155,6 +155,23 @@ def test_padded_attention_compiles_into_the_package(engine_factory):
         assert (torch.tensor(res.scores) - ref.scores(r.samples, r.labels)).abs().max().item() < 1e-4
 
 
+def test_bf16_package_calls_the_native_kernel_itself(engine_factory):
+    """Where the native kernel loads, a bf16 engine's package calls the C++ op with no Python
+    op between (prefill_attention auto -> native), and scores as the per-sequence one does."""
+    from engines.bounded.kernels import native
+
+    if not native.load(log=lambda _: None):
+        pytest.skip(f"native CPU attention unavailable here: {native.status()}")
+    auto = engine_factory("bfloat16")
+    assert _status(auto)["prefill_attention"] == "native"
+    text = _package_text(_package(auto)["package"])
+    assert "bounded_native::varlen_attention_bf16" in text and "bounded::varlen_attention" not in text
+    per_sequence = engine_factory("bfloat16", prefill_attention="per_sequence")
+    reqs = _requests()
+    for a, b in zip(asyncio.run(_gather(auto, reqs)), asyncio.run(_gather(per_sequence, reqs))):
+        assert a.scores == b.scores  # the same kernel, called two ways
+
+
 def test_compile_failure_falls_back_to_eager(engine_factory, monkeypatch):
     def broken(*a, **k):
         raise RuntimeError("no C++ compiler here")
