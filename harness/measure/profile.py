@@ -11,6 +11,11 @@ except GEMMs, which stay GEMMs wherever they run (a head's GEMM is a GEMM with i
 then names: GEMM externs (oneDNN linear, mm), attention ops (flash SDPA, the per-sequence
 op, batched matmuls, fused softmax kernels), and any other kernel or aten op is
 norms/elementwise. Wrappers that are none of these are descended into.
+
+A kernel Inductor fused is named after the nodes it came from, the attention's neighbours
+included: the RoPE and q/k norms that feed the attention op are "..._varlen_attention_view_1"
+(a fused kernel never holds an extern op). So a fused kernel is attention only for a softmax
+in it (its row max), whatever else its name says.
 """
 from __future__ import annotations
 
@@ -24,6 +29,8 @@ RANGES = {"bounded::attention": "attention", "bounded::head": "head_selection", 
 GEMM_NAMES = ("linear_pointwise", "aten::linear", "aten::mm", "aten::addmm", "mm_out", "addmm_out", "_int_mm",
               "qlinear", "aten::_weight_int8pack_mm", "cublas", "gemm", "aten::_scaled_mm")
 ATTENTION_NAMES = ("scaled_dot_product", "flash_attention", "varlen_attention", "bmm", "softmax")
+FUSED = ("cpp_fused", "triton_")  # Inductor's generated kernels
+FUSED_ATTENTION = ("softmax", "amax")
 WRAPPERS = ("aten::matmul",)  # its children say what it was: mm (a GEMM) or bmm (attention)
 KERNEL_PREFIXES = ("aten::", "aoti_", "graph_", "mkldnn::", "onednn::", "quantized::", "cpp_fused", "triton_", "prims::")
 
@@ -38,6 +45,8 @@ def classify(name: str, context: Optional[str]) -> Optional[str]:
         return "gemm"
     if context is not None:
         return context
+    if any(f in low for f in FUSED):
+        return "attention" if any(a in low for a in FUSED_ATTENTION) else "norms_elementwise"
     if any(a in low for a in ATTENTION_NAMES):
         return "attention"
     if name.startswith(KERNEL_PREFIXES) or "cpp_fused" in name:

@@ -42,6 +42,9 @@ def test_events_are_claimed_once_by_the_first_class_that_claims_them():
         tree("bounded::varlen_attention", 7.0, tree("aten::matmul", 3.0, tree("aten::bmm", 3.0)), tree("aten::softmax", 2.0)),
         tree("graph_0_cpp_fused__to_copy_add_mean_mul_pow_rsqrt_0", 4.0),
         tree("graph_0_cpp_fused__softmax_add_1", 1.5),
+        # RoPE fused next to the attention op (Inductor names it after its neighbours): elementwise
+        tree("graph_0_cpp_fused__to_copy_add_cat_index_mean_mul_neg_pow_rsqrt_varlen_attention_view_1", 2.0),
+        tree("graph_1_cpp_fused__unsafe_view_add_amax_arange_bitwise_or_2", 0.5),  # a beam step's masked softmax
         tree("bounded::head", 9.0, tree("mkldnn::_linear_pointwise", 5.0), tree("graph_0_cpp_fused_amax_exp_0", 3.0)),
         tree("bounded::select", 2.0, tree("aten::topk", 1.0), tree("aten::gather", 0.5)),
         tree("aten::matmul", 6.0, tree("aten::mm", 6.0)),  # eager linear: a GEMM
@@ -53,7 +56,7 @@ def test_events_are_claimed_once_by_the_first_class_that_claims_them():
         w.thread = 7
     got = classes.class_times(flatten(*roots) + worker)
     # the op claims its own children; the head's GEMM stays a GEMM; ranges and wrappers add nothing of their own
-    assert got == {"gemm": 21.0, "attention": 8.5, "norms_elementwise": 4.25, "head_selection": 4.5}
+    assert got == {"gemm": 21.0, "attention": 9.0, "norms_elementwise": 6.25, "head_selection": 4.5}
 
 
 def test_host_parts_split_the_rest_by_the_engines_stage_times():
