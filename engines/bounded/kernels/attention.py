@@ -90,8 +90,32 @@ def packed_attention(kind: str, cu_seqlens: Tensor, pad_index: Tensor, unpad_ind
     if kind == "native":
         if not native.available():
             raise ValueError(f"attention 'native' needs the native CPU kernel ({native.status()})")
-        return lambda q, k, v: torch.ops.bounded_native.varlen_attention_bf16(q, k, v, cu_seqlens, prefix)
+        return NativeAttention(cu_seqlens, prefix)
     raise ValueError(f"attention {kind!r}; choose one of {', '.join(ATTENTIONS)}")
+
+
+class NativeAttention:
+    """Attention "native" over one packed batch: called on q/k/v as the model made them, or
+    `fused` on the qkv projection as its GEMM gave it, the q/k norms and RoPE done inside the
+    kernel as it reads q and k (no separate norm + RoPE kernel writing them and reading them
+    back; head dims that are multiples of 32, rotary tables in bf16)."""
+
+    def __init__(self, cu_seqlens: Tensor, prefix: Optional[Tensor]):
+        self.cu_seqlens, self.prefix = cu_seqlens, prefix
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return torch.ops.bounded_native.varlen_attention_bf16(q, k, v, self.cu_seqlens, self.prefix)
+
+    @staticmethod
+    def fuses(head_dim: int, dtype: torch.dtype) -> bool:
+        return head_dim % 32 == 0 and head_dim <= 512 and dtype == torch.bfloat16
+
+    def fused(self, qkv: Tensor, heads: int, kv_heads: int, q_norm: Optional[Tensor], k_norm: Optional[Tensor],
+              eps: float, cos: Tensor, sin: Tensor, positions: Tensor) -> Tensor:
+        """qkv [T, (Hq + 2 Hkv) D]; q_norm/k_norm [D] or None; cos/sin [P, D] tables;
+        positions [T] -> [T, Hq*D]."""
+        return torch.ops.bounded_native.varlen_attention_rope_bf16(qkv, heads, kv_heads, q_norm, k_norm, eps, cos, sin,
+                                                                   positions, self.cu_seqlens, self.prefix)
 
 
 def packed_attention_padded(q: Tensor, k: Tensor, v: Tensor, pad_index: Tensor,

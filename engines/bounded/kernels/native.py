@@ -1,9 +1,10 @@
 """The engine's native CPU kernels (csrc/), built once per machine and source with torch's
 C++ extension builder, loaded into the process on first use.
 
-Today one kernel: `varlen_attention_bf16`, the "native" prefill attention for bf16 on CPUs
-with AVX512-BF16, called from the compiled graphs directly (and the body of the Python
-bounded::varlen_attention there: attention.py). Built into
+The "native" prefill attention for bf16 on CPUs with AVX512-BF16, called from the compiled
+graphs directly: `varlen_attention_bf16` (q, k, v as the model made them; also the body of
+the Python bounded::varlen_attention there: attention.py) and `varlen_attention_rope_bf16`
+(the qkv projection as the GEMM gave it; the q/k norm and RoPE done inside). Built into
 `$BOUNDED_BENCH_CACHE/native/<digest>/` (~15 s with g++), named by a digest of the source
 and torch's version, so an edit or a new torch builds anew and a stale library never loads.
 Where it cannot be had -- no C++ compiler, a CPU without AVX512-BF16, a failed build --
@@ -92,9 +93,17 @@ def _load(log: Callable[[str], None]) -> Optional[str]:
         return f"build failed: {type(e).__name__}: {first.strip()[:300]}"
     # its output's shape for torch.export (the graphs of the "native" attention call it)
     torch.library.register_fake("bounded_native::varlen_attention_bf16")(_fake_varlen_attention)
+    torch.library.register_fake("bounded_native::varlen_attention_rope_bf16")(_fake_varlen_attention_rope)
     return None
 
 
 def _fake_varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
                            prefix: Optional[torch.Tensor] = None) -> torch.Tensor:
     return q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
+
+
+def _fake_varlen_attention_rope(qkv: torch.Tensor, hq: int, hkv: int, q_norm: Optional[torch.Tensor],
+                                k_norm: Optional[torch.Tensor], eps: float, cos: torch.Tensor, sin: torch.Tensor,
+                                positions: torch.Tensor, cu_seqlens: torch.Tensor,
+                                prefix: Optional[torch.Tensor] = None) -> torch.Tensor:
+    return qkv.new_empty(qkv.shape[0], qkv.shape[1] // (hq + 2 * hkv) * hq)

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from engines.bounded.model.config import ModelConfig
 from engines.bounded.model.families import read_model_config
-from engines.bounded.model.layers import Attend, GatedMLP, Linear, RMSNorm, Rope
+from engines.bounded.model.layers import Attend, FusedAttend, GatedMLP, Linear, RMSNorm, Rope
 from engines.bounded.model.precision import PrecisionPolicy
 from engines.bounded.model.weights import ModelDirError, WeightReader
 
@@ -45,10 +45,21 @@ class DecoderLayer(nn.Module):
         self.mlp = GatedMLP(Linear.for_group("gate_up", gate_up, None, policy),
                             Linear.for_group("down", w.get(m + "down_proj.weight"), None, policy))
 
+    def project(self, x: Tensor) -> Tensor:
+        # x: [T, hidden] residual stream -> qkv [T, (Hq + 2 Hkv) D] as the GEMM gives it
+        return self.qkv(self.input_norm(x))
+
+    def attend_fused(self, x: Tensor, fused: FusedAttend, rope: Rope, positions: Tensor) -> Tensor:
+        # x: [T, hidden] -> the attention's output [T, Hq*D], q/k normed and rotated by `fused`
+        c = self.cfg
+        qn = None if self.q_norm is None else self.q_norm.weight
+        kn = None if self.k_norm is None else self.k_norm.weight
+        return fused(self.project(x), c.heads, c.kv_heads, qn, kn, c.rms_eps, rope.cos, rope.sin, positions)
+
     def project_qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         # x: [T, hidden] residual stream -> q [T, Hq, D], k/v [T, Hkv, D]
         c = self.cfg
-        qkv = self.qkv(self.input_norm(x))
+        qkv = self.project(x)
         q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
         q = q.reshape(-1, c.heads, c.head_dim)
         k = k.reshape(-1, c.kv_heads, c.head_dim)
@@ -88,13 +99,19 @@ class DecoderModel(nn.Module):
         return self.embed_weight[tokens].to(self.policy.residual_torch_dtype)
 
     def forward(self, tokens: Tensor, positions: Tensor, attend: Attend, rows: Optional[Tensor] = None,
-                keep_kv: bool = False) -> tuple[Tensor, list[KV]]:
+                keep_kv: bool = False, fused: Optional[FusedAttend] = None) -> tuple[Tensor, list[KV]]:
         """tokens/positions: [T] -> final-normed hidden states of `rows` ([R] row indices; all
-        T when None) as [R, hidden], and each layer's K/V when `keep_kv`."""
+        T when None) as [R, hidden], and each layer's K/V when `keep_kv`. `fused`: an attention
+        that norms and rotates q/k itself, used instead of `attend` (not with `keep_kv`)."""
+        if fused is not None and keep_kv:
+            raise ValueError("a fused attention keeps no K/V")
         cos, sin = self.rope(positions)
         x = self.embed(tokens)
         kv: list[KV] = []
         for i, layer in enumerate(self.layers):
+            if fused is not None:
+                x = layer.finish(x, layer.attend_fused(x, fused, self.rope, positions))
+                continue
             q, k, v = layer.project_qkv(x, cos, sin)
             x = layer.finish(x, attend(i, q, k, v))
             if keep_kv:

@@ -17,6 +17,10 @@ from engines.bounded.model.precision import GEMM_KINDS, PrecisionPolicy
 # attend(layer, q [T, Hq, D], k/v [T, Hkv, D]) -> [T, Hq*D]: the attention of one layer, given
 # by the program that runs the decoder (it knows the packing, the cached K/V, the masks)
 Attend = Callable[[int, Tensor, Tensor, Tensor], Tensor]
+# fused(qkv [T, (Hq + 2 Hkv) D] as projected, Hq, Hkv, q_norm/k_norm weights [D] or None, eps,
+# the rotary tables cos/sin [P, D], positions [T]) -> [T, Hq*D]: attention that norms and
+# rotates q/k itself (kernels/attention.NativeAttention.fused)
+FusedAttend = Callable[[Tensor, int, int, Optional[Tensor], Optional[Tensor], float, Tensor, Tensor, Tensor], Tensor]
 
 
 class Linear(nn.Module):

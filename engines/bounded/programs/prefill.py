@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from engines.bounded.kernels.attention import packed_attention
+from engines.bounded.kernels.attention import NativeAttention, packed_attention
 from engines.bounded.model.decoder import DecoderModel
 
 
@@ -15,7 +15,9 @@ class ScorePrefill(nn.Module):
     is left to the caller, which may batch requests with different labels (N = their
     union). `attention` (kernels/attention.py) says which metadata the graph reads:
     cu_seqlens and prefix ("per_sequence": -1, or the query whose K/V an item shares) or the
-    padded-view indices ("padded"); everything else compiles.
+    padded-view indices ("padded"); everything else compiles. The "native" attention takes
+    each layer's qkv projection whole and norms and rotates q/k itself (where it fuses: head
+    dims that are multiples of 32, bf16).
     """
 
     def __init__(self, model: DecoderModel, attention: str = "per_sequence"):
@@ -29,5 +31,8 @@ class ScorePrefill(nn.Module):
         def attend(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
             return attend_packed(q, k, v)
 
-        hidden, _ = self.model(tokens, positions, attend, rows=last_index)  # [S, hidden]
+        cfg = self.model.cfg
+        fused = attend_packed.fused if isinstance(attend_packed, NativeAttention) \
+            and NativeAttention.fuses(cfg.head_dim, self.model.rope.cos.dtype) else None
+        hidden, _ = self.model(tokens, positions, attend, rows=last_index, fused=fused)  # [S, hidden]
         return self.model.label_logits(hidden, label_ids)  # [S, N] float32

@@ -52,6 +52,15 @@ struct Rows {              // q/k/v [T, H, D] with rows `stride` elements apart 
   int64_t qs, ks, vs;
 };
 
+struct Prep {              // the fused entry: q/k as projected, RMS-normed (weights, or none) and rotated here
+  const BFloat16* cos = nullptr;  // [P, D] rotary tables (nullptr: q/k arrive ready)
+  const BFloat16* sin = nullptr;
+  const int64_t* pos = nullptr;   // [T] each row's position
+  const BFloat16* qw = nullptr;   // [D] q/k norm weights (nullptr: no norm, as Qwen2)
+  const BFloat16* kw = nullptr;
+  float eps = 0.0f;
+};
+
 #define BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 
 // The lanes of a 16-float vector at j that lie below n.
@@ -83,6 +92,39 @@ BF16_TARGET float exp_row(const float* row, int64_t n, float scale, BFloat16* ds
   return _mm512_reduce_add_ps(vsum);
 }
 
+
+BF16_TARGET inline __m512 load_bf16(const BFloat16* p) {  // 16 bf16 -> float32 (exact)
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+
+// dst[0:d] = bf16(rotate(norm(src))) for one head's row at position `pos`, in float32 with one
+// rounding at the end (as the compiled graph's fused norm + RoPE kernel): norm x * rsqrt(mean(x^2)
+// + eps) * w, then RoPE's rotate-half form x * cos + (-x_hi, x_lo) * sin. d % 32 == 0.
+BF16_TARGET void prep_row(const BFloat16* src, const BFloat16* w, const Prep& p, int64_t pos, int64_t d,
+                          BFloat16* dst) {
+  alignas(64) float x[512];
+  __m512 ss = _mm512_setzero_ps();
+  for (int64_t c = 0; c < d; c += 16) {
+    const __m512 a = load_bf16(src + c);
+    _mm512_store_ps(x + c, a);
+    ss = _mm512_fmadd_ps(a, a, ss);
+  }
+  if (w != nullptr) {
+    const __m512 r = _mm512_set1_ps(1.0f / std::sqrt(_mm512_reduce_add_ps(ss) / static_cast<float>(d) + p.eps));
+    for (int64_t c = 0; c < d; c += 16)
+      _mm512_store_ps(x + c, _mm512_mul_ps(_mm512_mul_ps(_mm512_load_ps(x + c), r), load_bf16(w + c)));
+  }
+  const int64_t h = d / 2;
+  const BFloat16* cs = p.cos + pos * d;
+  const BFloat16* sn = p.sin + pos * d;
+  for (int64_t c = 0; c < h; c += 16) {
+    const __m512 lo = _mm512_load_ps(x + c), hi = _mm512_load_ps(x + c + h);
+    const __m512 out_lo = _mm512_fnmadd_ps(hi, load_bf16(sn + c), _mm512_mul_ps(lo, load_bf16(cs + c)));
+    const __m512 out_hi = _mm512_fmadd_ps(lo, load_bf16(sn + c + h), _mm512_mul_ps(hi, load_bf16(cs + c + h)));
+    _mm256_storeu_si256((__m256i*)(dst + c), (__m256i)_mm512_cvtneps_pbh(out_lo));
+    _mm256_storeu_si256((__m256i*)(dst + c + h), (__m256i)_mm512_cvtneps_pbh(out_hi));
+  }
+}
 
 // c[R, 16V] (float32, ldc; the last vector masked to `cols`) = a[R, 2kp] (bf16 rows, lda)
 // x b, where b holds pairs: b[p * ldb + j] = (B[2p][j], B[2p+1][j]) as one 32-bit word.
@@ -139,11 +181,11 @@ uint32_t pair(BFloat16 lo, BFloat16 hi) {
 struct Scratch {
   std::vector<uint32_t> kt, vt;  // keys and values in pairs
   std::vector<float> scores, acc, sums;
-  std::vector<BFloat16> probs;
+  std::vector<BFloat16> probs, qp, kp;  // rows prepared by prep_row
 };
 
-void run_unit(const Unit& u, const Rows& x, BFloat16* out, int64_t hq, int64_t hkv, int64_t d, float scale,
-              Scratch& w) {
+void run_unit(const Unit& u, const Rows& x, const Prep& prep, BFloat16* out, int64_t hq, int64_t hkv, int64_t d,
+              float scale, Scratch& w) {
   const int64_t g = hq / hkv;
   const int64_t keys = u.pre_len + (u.own1 - u.own0);
   const int64_t ldk = round_up(keys, 16), kpairs = (keys + 1) / 2;
@@ -152,8 +194,13 @@ void run_unit(const Unit& u, const Rows& x, BFloat16* out, int64_t hq, int64_t h
   // K[j][2p+1]); V in pairs along the keys, vt[p * d + c] = (V[2p][c], V[2p+1][c])
   w.kt.assign(d / 2 * ldk, 0u);
   w.vt.assign(kpairs * d, 0u);
+  if (prep.cos != nullptr) w.kp.resize(d);
   for (int64_t j = 0; j < keys; ++j) {
     const BFloat16* kr = x.k + key_row(j) * x.ks + u.head * d;
+    if (prep.cos != nullptr) {
+      prep_row(kr, prep.kw, prep, prep.pos[key_row(j)], d, w.kp.data());
+      kr = w.kp.data();
+    }
     for (int64_t p = 0; p < d / 2; ++p) w.kt[p * ldk + j] = pair(kr[2 * p], kr[2 * p + 1]);
   }
   for (int64_t p = 0; p < kpairs; ++p) {
@@ -166,13 +213,21 @@ void run_unit(const Unit& u, const Rows& x, BFloat16* out, int64_t hq, int64_t h
   w.probs.resize(rows * 2 * kpairs);
   w.acc.resize(rows * d);
   w.sums.resize(rows);
+  if (prep.cos != nullptr) w.qp.resize(rows * d);
   for (int64_t r0 = u.own0; r0 < u.own1; r0 += BLOCK) {
     const int64_t m = std::min(BLOCK, u.own1 - r0);
     const int64_t seen = u.pre_len + (r0 + m - u.own0);  // keys up to the block's last row
     const int64_t pairs = (seen + 1) / 2, width = 2 * pairs;
     for (int64_t gi = 0; gi < g; ++gi) {
       const int64_t h = u.head * g + gi;
-      gemm_pairs(x.q + r0 * x.qs + h * d, x.qs, m, w.kt.data(), ldk, d / 2, seen, w.scores.data(), ldk);
+      const BFloat16* qa = x.q + r0 * x.qs + h * d;
+      int64_t lda = x.qs;
+      if (prep.cos != nullptr) {  // each (row, head) of q is prepared once: its block is this unit's
+        for (int64_t r = 0; r < m; ++r) prep_row(qa + r * x.qs, prep.qw, prep, prep.pos[r0 + r], d, w.qp.data() + r * d);
+        qa = w.qp.data();
+        lda = d;
+      }
+      gemm_pairs(qa, lda, m, w.kt.data(), ldk, d / 2, seen, w.scores.data(), ldk);
       for (int64_t r = 0; r < m; ++r) {
         const int64_t valid = u.pre_len + (r0 + r - u.own0) + 1;  // causal: keys up to this row
         w.sums[r] = exp_row(w.scores.data() + r * ldk, valid, scale, w.probs.data() + r * width, width);
@@ -190,6 +245,9 @@ void run_unit(const Unit& u, const Rows& x, BFloat16* out, int64_t hq, int64_t h
 
 bool supported() { return __builtin_cpu_supports("avx512bf16"); }
 
+at::Tensor attend(const Rows& x, const Prep& prep, int64_t t, int64_t hq, int64_t hkv, int64_t d,
+                  const at::Tensor& cu_seqlens, const c10::optional<at::Tensor>& prefix, const at::TensorOptions& opts);
+
 at::Tensor varlen_attention_bf16(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const at::Tensor& cu_seqlens, const c10::optional<at::Tensor>& prefix) {
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(), "CPU tensors only");
@@ -205,6 +263,58 @@ at::Tensor varlen_attention_bf16(const at::Tensor& q, const at::Tensor& k, const
     return x.stride(2) == 1 && x.stride(1) == x.size(2) ? x : x.contiguous();
   };
   auto qc = rows_of(q), kc = rows_of(k), vc = rows_of(v);
+  const Rows x{qc.data_ptr<BFloat16>(), kc.data_ptr<BFloat16>(), vc.data_ptr<BFloat16>(),
+               qc.stride(0), kc.stride(0), vc.stride(0)};
+  return attend(x, Prep{}, t, hq, hkv, d, cu_seqlens, prefix, q.options());
+}
+
+// The same attention over the fused projection qkv [T, (Hq + 2 Hkv) D] as the qkv GEMM gives
+// it: q and k RMS-normed per head (q_norm/k_norm [D], or none) and rotated at `positions` by
+// the tables cos/sin [P, D] here, as they are read (the graph's separate norm + RoPE kernel
+// wrote and read them back: 2.6 ms of a prefill_15 layer's ~9 ms outside GEMMs on Zen 4).
+at::Tensor varlen_attention_rope_bf16(const at::Tensor& qkv, int64_t hq, int64_t hkv,
+                                      const c10::optional<at::Tensor>& q_norm, const c10::optional<at::Tensor>& k_norm,
+                                      double eps, const at::Tensor& cos, const at::Tensor& sin,
+                                      const at::Tensor& positions, const at::Tensor& cu_seqlens,
+                                      const c10::optional<at::Tensor>& prefix) {
+  TORCH_CHECK(qkv.device().is_cpu() && qkv.scalar_type() == at::kBFloat16 && qkv.dim() == 2 && qkv.stride(1) == 1,
+              "qkv: a bfloat16 CPU [T, (Hq + 2 Hkv) D] with unit column stride");
+  TORCH_CHECK(hkv > 0 && hq % hkv == 0 && qkv.size(1) % (hq + 2 * hkv) == 0, "qkv: (Hq + 2 Hkv) heads, Hkv dividing Hq");
+  const int64_t t = qkv.size(0), d = qkv.size(1) / (hq + 2 * hkv);
+  TORCH_CHECK(d % 32 == 0 && d <= 512, "head dim a multiple of 32, at most 512");
+  TORCH_CHECK(supported(), "this CPU has no AVX512-BF16");
+  auto table = [&](const at::Tensor& x, const char* name) {
+    TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.size(1) == d, name, ": bfloat16 [P, D]");
+    return x.contiguous();
+  };
+  auto cs = table(cos, "cos"), sn = table(sin, "sin");
+  TORCH_CHECK(cs.size(0) == sn.size(0), "cos and sin of one length");
+  auto pos = positions.to(at::kLong).contiguous();
+  TORCH_CHECK(pos.numel() == t, "positions: one per row");
+  const int64_t* pp = pos.data_ptr<int64_t>();
+  for (int64_t i = 0; i < t; ++i) TORCH_CHECK(pp[i] >= 0 && pp[i] < cs.size(0), "position ", pp[i], " outside the tables");
+  auto weight = [&](const c10::optional<at::Tensor>& w) -> at::Tensor {
+    if (!w.has_value() || !w->defined()) return at::Tensor();
+    TORCH_CHECK(w->scalar_type() == at::kBFloat16 && w->numel() == d, "q/k norm weight: bfloat16 [D]");
+    return w->contiguous();
+  };
+  auto qw = weight(q_norm), kw = weight(k_norm);
+  TORCH_CHECK(qw.defined() == kw.defined(), "both q and k norm weights, or neither");
+  const BFloat16* base = qkv.data_ptr<BFloat16>();
+  const int64_t ld = qkv.stride(0);
+  const Rows x{base, base + hq * d, base + (hq + hkv) * d, ld, ld, ld};
+  Prep prep;
+  prep.cos = cs.data_ptr<BFloat16>();
+  prep.sin = sn.data_ptr<BFloat16>();
+  prep.pos = pp;
+  prep.qw = qw.defined() ? qw.data_ptr<BFloat16>() : nullptr;
+  prep.kw = kw.defined() ? kw.data_ptr<BFloat16>() : nullptr;
+  prep.eps = static_cast<float>(eps);
+  return attend(x, prep, t, hq, hkv, d, cu_seqlens, prefix, qkv.options());
+}
+
+at::Tensor attend(const Rows& x, const Prep& prep, int64_t t, int64_t hq, int64_t hkv, int64_t d,
+                  const at::Tensor& cu_seqlens, const c10::optional<at::Tensor>& prefix, const at::TensorOptions& opts) {
   auto cu = cu_seqlens.to(at::kLong).contiguous();
   const int64_t s = cu.numel() - 1;
   const int64_t* off = cu.data_ptr<int64_t>();
@@ -229,17 +339,15 @@ at::Tensor varlen_attention_bf16(const at::Tensor& q, const at::Tensor& k, const
     for (int64_t h = 0; h < hkv; ++h) units.push_back({a, b, p0, plen, h, (b - a) * (plen + (b - a) / 2 + 1)});
   }
   std::stable_sort(units.begin(), units.end(), [](const Unit& x, const Unit& y) { return x.work > y.work; });
-  auto out = at::empty({t, hq * d}, q.options());
+  auto out = at::empty({t, hq * d}, opts);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  const Rows x{qc.data_ptr<BFloat16>(), kc.data_ptr<BFloat16>(), vc.data_ptr<BFloat16>(),
-               qc.stride(0), kc.stride(0), vc.stride(0)};
   auto* op = out.data_ptr<BFloat16>();
   std::atomic<int64_t> next{0};
   const int64_t n = static_cast<int64_t>(units.size());
   const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n));
   at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
     Scratch w;
-    for (int64_t i = next++; i < n; i = next++) run_unit(units[i], x, op, hq, hkv, d, scale, w);
+    for (int64_t i = next++; i < n; i = next++) run_unit(units[i], x, prep, op, hq, hkv, d, scale, w);
   });
   return out;
 }
@@ -248,8 +356,11 @@ at::Tensor varlen_attention_bf16(const at::Tensor& q, const at::Tensor& k, const
 
 TORCH_LIBRARY(bounded_native, m) {
   m.def("varlen_attention_bf16(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, Tensor? prefix=None) -> Tensor");
+  m.def("varlen_attention_rope_bf16(Tensor qkv, int hq, int hkv, Tensor? q_norm, Tensor? k_norm, float eps, "
+        "Tensor cos, Tensor sin, Tensor positions, Tensor cu_seqlens, Tensor? prefix=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(bounded_native, CPU, m) {
   m.impl("varlen_attention_bf16", &varlen_attention_bf16);
+  m.impl("varlen_attention_rope_bf16", &varlen_attention_rope_bf16);
 }

@@ -237,6 +237,45 @@ def test_native_kind_is_refused_where_the_kernel_is_not_loaded(monkeypatch):
         kernels.packed_attention("native", torch.tensor([0, 4]), None, None)
 
 
+@pytest.mark.parametrize("norms", [True, False])  # Qwen3's q/k norms; Qwen2 has none
+def test_native_attention_norms_and_rotates_the_projection_itself(native_kernel, norms):
+    """The fused entry on a qkv projection against q/k normed and rotated in float32 by torch
+    and rounded once, then the plain entry: the same up to the rounding of a few q/k elements,
+    queries with items included."""
+    from engines.bounded.kernels import dense
+
+    rng = random.Random(11)
+    hq, hkv, d = 8, 2, 64
+    b, _, _, _ = random_batch(rng, hq, hkv, d, torch.bfloat16)
+    t = b.num_tokens
+    torch.manual_seed(11)
+    qkv = torch.randn(t, (hq + 2 * hkv) * d).bfloat16()
+    qw, kw = ((torch.rand(d) + 0.5).bfloat16() for _ in range(2)) if norms else (None, None)
+    cos, sin = (x.bfloat16() for x in dense.rope_tables(dense.rope_inv_freq(d, 1e6), 1024))
+    pos = b.positions
+
+    def prep(x, w):
+        xf = x.float()
+        if w is not None:
+            xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()
+        return (xf * cos[pos].float()[:, None] + dense.rotate_half(xf) * sin[pos].float()[:, None]).bfloat16()
+
+    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], -1)
+    q, k, v = prep(q.reshape(t, hq, d), qw), prep(k.reshape(t, hkv, d), kw), v.reshape(t, hkv, d)
+    want = native_kernel(q, k, v, b.cu_seqlens, b.prefix)
+    got = torch.ops.bounded_native.varlen_attention_rope_bf16(qkv, hq, hkv, qw, kw, 1e-6, cos, sin, pos,
+                                                              b.cu_seqlens, b.prefix)
+    # the norm's sum in another order than torch's: a q/k element may round the other way
+    differ = (got != want).float().mean().item()
+    assert differ < 0.02 and torch.allclose(got.float(), want.float(), atol=2e-2, rtol=2e-2), differ
+    with pytest.raises(RuntimeError, match="outside the tables"):
+        torch.ops.bounded_native.varlen_attention_rope_bf16(qkv, hq, hkv, qw, kw, 1e-6, cos[:10], sin[:10], pos,
+                                                            b.cu_seqlens, b.prefix)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        torch.ops.bounded_native.varlen_attention_rope_bf16(qkv[:, :(hq + 2 * hkv) * 16], hq, hkv, None, None, 1e-6,
+                                                            cos[:, :16], sin[:, :16], pos, b.cu_seqlens, b.prefix)
+
+
 def test_native_attention_reads_views_of_a_fused_projection(native_kernel):
     """q/k/v as the model makes them: column slices of one [T, (Hq + 2 Hkv) D] projection,
     rows further apart than their width."""
