@@ -1,29 +1,22 @@
 """Causal attention within each sequence of a packed prefill batch, four ways (ATTENTIONS):
 
-- "native" (CPU, bf16, AVX512-BF16): the native kernel (csrc/varlen_attention.cpp,
-  native.py) called by the graph itself -- the compiled package calls the C++ op with no
-  Python in between (per_sequence's Python op is a trip through the interpreter and the GIL
-  in every layer). What "auto" picks wherever the kernel loads.
+- "native" (CPU, bf16, AVX512-BF16; "auto" wherever it loads): the native kernel called by
+  the graph itself (native.NativeAttention; per_sequence reaches it through a Python op).
 - "per_sequence" (CPU): `varlen_attention`, an opaque op for torch.export/Inductor (the
   graph around it is compiled). It reads the sequence offsets on the host, which on a CPU is
   where they are. For bf16 on a CPU with AVX512-BF16 its body is the native kernel
-  (csrc/varlen_attention.cpp, native.py): one C++ call a layer, blocks of rows over torch's
-  threads, causal blocks skipped, no padding -- on every batch shape the fastest here (Zen 4,
-  2 threads: one layer of 15 x 48-133 tokens with qwen3-0.6b's heads 4.7 ms against 10.1 ms
-  for the Python body; the tiny model's 16 x ~24 tokens 0.07 ms against 1.9 ms Python and
-  ~1 ms "dense" in the graph). Otherwise its body
-  is Python: one small GEMM pair per sequence on single-threaded workers. A sequence may
+  (csrc/varlen_attention.cpp: one C++ call a layer, blocks of rows over torch's threads,
+  causal blocks skipped, no padding; Zen 4, 2 threads, a layer of 15 x 48-133 tokens with
+  qwen3-0.6b's heads 3.3 ms against 10.1 ms for the Python body). Otherwise its body is
+  Python: one small GEMM pair per sequence on single-threaded workers. A sequence may
   also see the whole of an earlier one, its prefix: a query whose K/V its items share
   (query_attention.py), so a query request's query is computed once.
 - "padded" (GPU; on a CPU the beam prefill of a few prompts, see `attention_for`):
   `packed_attention_padded`, plain tensor ops that compile into the graph: gather the
   packed rows into an [S, L] padded view with the batch's device-side indices (built once
-  per batch by the packer), one flash SDPA, gather back. No host tensor and no host sync
-  inside the graph, and one kernel per layer instead of one per sequence.
-
-  It shares a query the same way through the indices alone: an item's padded row is its
-  query's rows then its own (runtime/buffers.py), so the query's K/V are gathered, not
-  recomputed, and the causal mask is that of the concatenation.
+  per batch by the packer), one flash SDPA, gather back: no host sync in the graph, one
+  kernel per layer. It shares a query through the indices alone: an item's padded row is its
+  query's rows then its own (runtime/buffers.py), the causal mask that of the concatenation.
 - "dense" (CPU, short sequences): `packed_attention_dense`, the same padded view with the
   attention written out -- float32 scores of a batched matmul, a causal bias, softmax, a
   batched matmul -- which Inductor compiles into two GEMMs and one fused softmax: on
@@ -90,32 +83,8 @@ def packed_attention(kind: str, cu_seqlens: Tensor, pad_index: Tensor, unpad_ind
     if kind == "native":
         if not native.available():
             raise ValueError(f"attention 'native' needs the native CPU kernel ({native.status()})")
-        return NativeAttention(cu_seqlens, prefix)
+        return native.NativeAttention(cu_seqlens, prefix)
     raise ValueError(f"attention {kind!r}; choose one of {', '.join(ATTENTIONS)}")
-
-
-class NativeAttention:
-    """Attention "native" over one packed batch: called on q/k/v as the model made them, or
-    `fused` on the qkv projection as its GEMM gave it, the q/k norms and RoPE done inside the
-    kernel as it reads q and k (no separate norm + RoPE kernel writing them and reading them
-    back; head dims that are multiples of 32, rotary tables in bf16)."""
-
-    def __init__(self, cu_seqlens: Tensor, prefix: Optional[Tensor]):
-        self.cu_seqlens, self.prefix = cu_seqlens, prefix
-
-    def __call__(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        return torch.ops.bounded_native.varlen_attention_bf16(q, k, v, self.cu_seqlens, self.prefix)
-
-    @staticmethod
-    def fuses(head_dim: int, dtype: torch.dtype) -> bool:
-        return head_dim % 32 == 0 and head_dim <= 512 and dtype == torch.bfloat16
-
-    def fused(self, qkv: Tensor, heads: int, kv_heads: int, q_norm: Optional[Tensor], k_norm: Optional[Tensor],
-              eps: float, cos: Tensor, sin: Tensor, positions: Tensor) -> Tensor:
-        """qkv [T, (Hq + 2 Hkv) D]; q_norm/k_norm [D] or None; cos/sin [P, D] tables;
-        positions [T] -> [T, Hq*D]."""
-        return torch.ops.bounded_native.varlen_attention_rope_bf16(qkv, heads, kv_heads, q_norm, k_norm, eps, cos, sin,
-                                                                   positions, self.cu_seqlens, self.prefix)
 
 
 def packed_attention_padded(q: Tensor, k: Tensor, v: Tensor, pad_index: Tensor,

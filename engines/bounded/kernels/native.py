@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import torch
+from torch import Tensor
 
 from engines.hardware import cpu_flags
 from engines.server.venv import cache_dir
@@ -107,3 +108,27 @@ def _fake_varlen_attention_rope(qkv: torch.Tensor, hq: int, hkv: int, q_norm: Op
                                 positions: torch.Tensor, cu_seqlens: torch.Tensor,
                                 prefix: Optional[torch.Tensor] = None) -> torch.Tensor:
     return qkv.new_empty(qkv.shape[0], qkv.shape[1] // (hq + 2 * hkv) * hq)
+
+
+class NativeAttention:
+    """Attention "native" over one packed batch: called on q/k/v as the model made them, or
+    `fused` on the qkv projection as its GEMM gave it, the q/k norms and RoPE done inside the
+    kernel as it reads q and k (no separate norm + RoPE kernel writing them and reading them
+    back; head dims that are multiples of 32, rotary tables in bf16)."""
+
+    def __init__(self, cu_seqlens: Tensor, prefix: Optional[Tensor]):
+        self.cu_seqlens, self.prefix = cu_seqlens, prefix
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return torch.ops.bounded_native.varlen_attention_bf16(q, k, v, self.cu_seqlens, self.prefix)
+
+    @staticmethod
+    def fuses(head_dim: int, dtype: torch.dtype) -> bool:
+        return head_dim % 32 == 0 and head_dim <= 512 and dtype == torch.bfloat16
+
+    def fused(self, qkv: Tensor, heads: int, kv_heads: int, q_norm: Optional[Tensor], k_norm: Optional[Tensor],
+              eps: float, cos: Tensor, sin: Tensor, positions: Tensor) -> Tensor:
+        """qkv [T, (Hq + 2 Hkv) D]; q_norm/k_norm [D] or None; cos/sin [P, D] tables;
+        positions [T] -> [T, Hq*D]."""
+        return torch.ops.bounded_native.varlen_attention_rope_bf16(qkv, heads, kv_heads, q_norm, k_norm, eps, cos, sin,
+                                                                   positions, self.cu_seqlens, self.prefix)

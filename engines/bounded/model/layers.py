@@ -19,7 +19,7 @@ from engines.bounded.model.precision import GEMM_KINDS, PrecisionPolicy
 Attend = Callable[[int, Tensor, Tensor, Tensor], Tensor]
 # fused(qkv [T, (Hq + 2 Hkv) D] as projected, Hq, Hkv, q_norm/k_norm weights [D] or None, eps,
 # the rotary tables cos/sin [P, D], positions [T]) -> [T, Hq*D]: attention that norms and
-# rotates q/k itself (kernels/attention.NativeAttention.fused)
+# rotates q/k itself (kernels/native.NativeAttention.fused)
 FusedAttend = Callable[[Tensor, int, int, Optional[Tensor], Optional[Tensor], float, Tensor, Tensor, Tensor], Tensor]
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from engines.bounded.kernels.attention import NativeAttention, packed_attention
+from engines.bounded.kernels.attention import packed_attention
+from engines.bounded.kernels.native import NativeAttention
 from engines.bounded.model.decoder import DecoderModel
 
 

@@ -40,7 +40,7 @@ def test_native_attention_norms_and_rotates_qk_itself(tmp_path, monkeypatch, pre
     q/k norms; Qwen2 has none) and rotates q/k from the qkv projection itself, and scores as
     the unfused graph does and as float32 transformers within bf16's distance."""
     from engines.bounded.kernels import native
-    from engines.bounded.kernels.attention import NativeAttention
+    from engines.bounded.kernels.native import NativeAttention
     from harness.workload.presets import PRESETS, write_model
 
     if not native.load(log=lambda _: None):
