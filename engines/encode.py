@@ -8,10 +8,10 @@ splitting with the tokenizer's own pattern and looking each piece up in a cache 
 that the BPE model itself fills: words repeat, so nearly every piece is a hit.
 
 The cache starts with the vocabulary: every token whose text the BPE model gives back as
-that one token (all of Qwen's 150k byte-level tokens that are whole UTF-8 text), asked of the
-model once per tokenizer and process (~0.6 s, at the encoder's construction), so a word that is
-one token is a hit the first time it is met -- a piece the model is asked for costs ~3 µs, and
-a request of 15 texts of new words spent ~0.7 ms learning them.
+that one token (all of Qwen's 150k byte-level tokens that are whole UTF-8 text), asked of
+the model once per BPE model and process (~0.9 s, at the encoder's construction), so a word
+that is one token is a hit the first time it is met -- a piece the model is asked for costs
+~3 µs, and a request of 15 texts of new words spent ~0.7 ms learning them.
 
 `FastEncoder(tokenizer).encode(texts)` equals `backend.encode_batch_fast(texts,
 add_special_tokens=False)` id for id. The backend still encodes:
@@ -29,6 +29,7 @@ Unicode version); ASCII text is NFC already.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import threading
@@ -160,18 +161,20 @@ class FastEncoder:
         return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
-_vocabularies: dict[int, tuple[Any, dict[str, int]]] = {}  # id(backend) -> (backend, its pieces)
+_vocabularies: dict[str, dict[str, int]] = {}  # digest of a BPE model (vocabulary, merges) -> its pieces
 _vocabularies_lock = threading.Lock()
 
 
 def vocabulary_pieces(backend: Any) -> dict[str, int]:
     """text -> id for every token of the BPE vocabulary whose text (its bytes as UTF-8, and
-    normalized) the model encodes as that token alone: asked of the model, once per backend."""
+    normalized) the model encodes as that token alone: asked of the model once per process
+    and model (the same tokenizer loaded again, by another engine of a run, finds them)."""
+    model, norm = backend.model, backend.normalizer
+    key = hashlib.sha256(model.__getstate__()).hexdigest()  # ~0.1 s; learning them: ~0.9 s
     with _vocabularies_lock:
-        known = _vocabularies.get(id(backend))
-        if known is not None and known[0] is backend:
-            return known[1]
-        model, norm = backend.model, backend.normalizer
+        known = _vocabularies.get(key)
+        if known is not None:
+            return known
         latin1 = {ord(c): chr(b) for b, c in _BYTE_CHARS.items()}  # byte-level char -> the byte
         pieces: dict[str, int] = {}
         for chars, token in backend.get_vocab(with_added_tokens=False).items():
@@ -186,7 +189,7 @@ def vocabulary_pieces(backend: Any) -> dict[str, int]:
             tokens = model.tokenize(chars)
             if len(tokens) == 1 and tokens[0].id == token:
                 pieces[text] = token
-        _vocabularies[id(backend)] = (backend, pieces)  # holds the backend: its id stays its own
+        _vocabularies[key] = pieces
         return pieces
 
 
