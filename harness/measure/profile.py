@@ -32,7 +32,7 @@ ATTENTION_NAMES = ("scaled_dot_product", "flash_attention", "varlen_attention", 
 FUSED = ("cpp_fused", "triton_")  # Inductor's generated kernels
 FUSED_ATTENTION = ("softmax", "amax")
 WRAPPERS = ("aten::matmul",)  # its children say what it was: mm (a GEMM) or bmm (attention)
-KERNEL_PREFIXES = ("aten::", "aoti_", "graph_", "mkldnn::", "onednn::", "quantized::", "cpp_fused", "triton_", "prims::")
+KERNEL_PREFIXES = ("aten::", "aoti_", "graph_", "mkldnn::", "onednn::", "quantized::", "prims::")  # and FUSED
 
 
 def classify(name: str, context: Optional[str]) -> Optional[str]:
@@ -49,7 +49,7 @@ def classify(name: str, context: Optional[str]) -> Optional[str]:
         return "attention" if any(a in low for a in FUSED_ATTENTION) else "norms_elementwise"
     if any(a in low for a in ATTENTION_NAMES):
         return "attention"
-    if name.startswith(KERNEL_PREFIXES) or "cpp_fused" in name:
+    if name.startswith(KERNEL_PREFIXES):
         return "norms_elementwise"
     return None
 

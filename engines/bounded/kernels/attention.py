@@ -4,13 +4,11 @@
   the graph itself (native.NativeAttention; per_sequence reaches it through a Python op).
 - "per_sequence" (CPU): `varlen_attention`, an opaque op for torch.export/Inductor (the
   graph around it is compiled). It reads the sequence offsets on the host, which on a CPU is
-  where they are. For bf16 on a CPU with AVX512-BF16 its body is the native kernel
-  (csrc/varlen_attention.cpp: one C++ call a layer, blocks of rows over torch's threads,
-  causal blocks skipped, no padding; Zen 4, 2 threads, a layer of 15 x 48-133 tokens with
-  qwen3-0.6b's heads 3.3 ms against 10.1 ms for the Python body). Otherwise its body is
-  Python: one small GEMM pair per sequence on single-threaded workers. A sequence may
-  also see the whole of an earlier one, its prefix: a query whose K/V its items share
-  (query_attention.py), so a query request's query is computed once.
+  where they are. For bf16 on a CPU with AVX512-BF16 its body is the native kernel (Zen 4,
+  2 threads, a layer of 15 x ~96 tokens with qwen3-0.6b's heads: 3.3 ms; the Python body
+  took 10.1 ms in an earlier sitting). Otherwise its body is Python: one small GEMM pair per sequence on single-threaded workers. A
+  sequence may also see the whole of an earlier one, its prefix: a query whose K/V its items
+  share (query_attention.py), so a query request's query is computed once.
 - "padded" (GPU; on a CPU the beam prefill of a few prompts, see `attention_for`):
   `packed_attention_padded`, plain tensor ops that compile into the graph: gather the
   packed rows into an [S, L] padded view with the batch's device-side indices (built once
@@ -59,8 +57,9 @@ def attention_for(device: torch.device, max_sequences: Optional[int] = None, max
                   native: bool = False) -> str:
     """The prefill attention a device runs best for batches of up to `max_sequences`
     sequences (None: many) of up to `max_len` tokens (None: long): padded on a GPU; on a CPU
-    the native kernel where it serves (`native`: bf16 and native.available()), else dense for short sequences, padded for a few long ones (the beam prefill's prompts),
-    per sequence otherwise (prefill scoring's long samples)."""
+    the native kernel where it serves (`native`: bf16 and native.available()), else dense
+    for short sequences, padded for a few long ones (the beam prefill's prompts), per
+    sequence otherwise (prefill scoring's long samples)."""
     if torch.device(device).type != "cpu":
         return "padded"
     if native:

@@ -105,17 +105,18 @@ class DecoderModel(nn.Module):
         that norms and rotates q/k itself, used instead of `attend` (not with `keep_kv`)."""
         if fused is not None and keep_kv:
             raise ValueError("a fused attention keeps no K/V")
-        cos, sin = self.rope(positions)
         x = self.embed(tokens)
         kv: list[KV] = []
-        for i, layer in enumerate(self.layers):
-            if fused is not None:
+        if fused is not None:  # the attention reads the rotary tables itself
+            for layer in self.layers:
                 x = layer.finish(x, layer.attend_fused(x, fused, self.rope, positions))
-                continue
-            q, k, v = layer.project_qkv(x, cos, sin)
-            x = layer.finish(x, attend(i, q, k, v))
-            if keep_kv:
-                kv.append((k, v))
+        else:
+            cos, sin = self.rope(positions)
+            for i, layer in enumerate(self.layers):
+                q, k, v = layer.project_qkv(x, cos, sin)
+                x = layer.finish(x, attend(i, q, k, v))
+                if keep_kv:
+                    kv.append((k, v))
         if rows is not None:
             x = x[rows]
         return self.norm(x), kv

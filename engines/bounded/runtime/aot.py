@@ -82,16 +82,13 @@ class PackageCall:
     def __init__(self, package: Any):
         from torch.utils import _pytree as pytree
 
-        self.package, self.loader = package, package.loader
+        self.package, self.loader = package, package.loader  # the package owns the loaded model
         self._unflatten = pytree.tree_unflatten
         self._out_spec = pytree.treespec_loads(self.loader.get_call_spec()[1])
 
     def __call__(self, *args: Any) -> Any:
         flat = [a for a in args if isinstance(a, torch.Tensor)]
         return self._unflatten(self.loader.boxed_run(flat), self._out_spec)
-
-    def __getattr__(self, name: str) -> Any:  # the package's own methods (constants, metadata)
-        return getattr(self.package, name)
 
 
 def load_package(path: Path, single_threaded: bool = False) -> PackageCall:

@@ -246,7 +246,43 @@ void run_unit(const Unit& u, const Rows& x, const Prep& prep, BFloat16* out, int
 bool supported() { return __builtin_cpu_supports("avx512bf16"); }
 
 at::Tensor attend(const Rows& x, const Prep& prep, int64_t t, int64_t hq, int64_t hkv, int64_t d,
-                  const at::Tensor& cu_seqlens, const c10::optional<at::Tensor>& prefix, const at::TensorOptions& opts);
+                  const at::Tensor& cu_seqlens, const c10::optional<at::Tensor>& prefix, const at::TensorOptions& opts) {
+  auto cu = cu_seqlens.to(at::kLong).contiguous();
+  const int64_t s = cu.numel() - 1;
+  const int64_t* off = cu.data_ptr<int64_t>();
+  TORCH_CHECK(s >= 0 && (s == 0 || off[s] == t), "cu_seqlens must end at T");
+  std::vector<int64_t> pre(s, -1);
+  if (prefix.has_value() && prefix->defined()) {
+    auto p = prefix->to(at::kLong).contiguous();
+    TORCH_CHECK(p.numel() == s, "prefix: one entry per sequence");
+    std::copy(p.data_ptr<int64_t>(), p.data_ptr<int64_t>() + s, pre.begin());
+  }
+  std::vector<Unit> units;
+  for (int64_t i = 0; i < s; ++i) {
+    const int64_t a = off[i], b = off[i + 1];
+    TORCH_CHECK(a < b, "empty sequence ", i);
+    int64_t p0 = 0, plen = 0;
+    if (pre[i] >= 0) {
+      TORCH_CHECK(pre[i] < i && pre[pre[i]] < 0, "sequence ", i, ": prefix ", pre[i],
+                  " must be an earlier sequence without a prefix");
+      p0 = off[pre[i]];
+      plen = off[pre[i] + 1] - p0;
+    }
+    for (int64_t h = 0; h < hkv; ++h) units.push_back({a, b, p0, plen, h, (b - a) * (plen + (b - a) / 2 + 1)});
+  }
+  std::stable_sort(units.begin(), units.end(), [](const Unit& x, const Unit& y) { return x.work > y.work; });
+  auto out = at::empty({t, hq * d}, opts);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  auto* op = out.data_ptr<BFloat16>();
+  std::atomic<int64_t> next{0};
+  const int64_t n = static_cast<int64_t>(units.size());
+  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n));
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    Scratch w;
+    for (int64_t i = next++; i < n; i = next++) run_unit(units[i], x, prep, op, hq, hkv, d, scale, w);
+  });
+  return out;
+}
 
 at::Tensor varlen_attention_bf16(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const at::Tensor& cu_seqlens, const c10::optional<at::Tensor>& prefix) {
@@ -271,7 +307,7 @@ at::Tensor varlen_attention_bf16(const at::Tensor& q, const at::Tensor& k, const
 // The same attention over the fused projection qkv [T, (Hq + 2 Hkv) D] as the qkv GEMM gives
 // it: q and k RMS-normed per head (q_norm/k_norm [D], or none) and rotated at `positions` by
 // the tables cos/sin [P, D] here, as they are read (the graph's separate norm + RoPE kernel
-// wrote and read them back: 2.6 ms of a prefill_15 layer's ~9 ms outside GEMMs on Zen 4).
+// wrote and read them back: 2.6 ms a prefill_15 layer on Zen 4).
 at::Tensor varlen_attention_rope_bf16(const at::Tensor& qkv, int64_t hq, int64_t hkv,
                                       const c10::optional<at::Tensor>& q_norm, const c10::optional<at::Tensor>& k_norm,
                                       double eps, const at::Tensor& cos, const at::Tensor& sin,
@@ -311,45 +347,6 @@ at::Tensor varlen_attention_rope_bf16(const at::Tensor& qkv, int64_t hq, int64_t
   prep.kw = kw.defined() ? kw.data_ptr<BFloat16>() : nullptr;
   prep.eps = static_cast<float>(eps);
   return attend(x, prep, t, hq, hkv, d, cu_seqlens, prefix, qkv.options());
-}
-
-at::Tensor attend(const Rows& x, const Prep& prep, int64_t t, int64_t hq, int64_t hkv, int64_t d,
-                  const at::Tensor& cu_seqlens, const c10::optional<at::Tensor>& prefix, const at::TensorOptions& opts) {
-  auto cu = cu_seqlens.to(at::kLong).contiguous();
-  const int64_t s = cu.numel() - 1;
-  const int64_t* off = cu.data_ptr<int64_t>();
-  TORCH_CHECK(s >= 0 && (s == 0 || off[s] == t), "cu_seqlens must end at T");
-  std::vector<int64_t> pre(s, -1);
-  if (prefix.has_value() && prefix->defined()) {
-    auto p = prefix->to(at::kLong).contiguous();
-    TORCH_CHECK(p.numel() == s, "prefix: one entry per sequence");
-    std::copy(p.data_ptr<int64_t>(), p.data_ptr<int64_t>() + s, pre.begin());
-  }
-  std::vector<Unit> units;
-  for (int64_t i = 0; i < s; ++i) {
-    const int64_t a = off[i], b = off[i + 1];
-    TORCH_CHECK(a < b, "empty sequence ", i);
-    int64_t p0 = 0, plen = 0;
-    if (pre[i] >= 0) {
-      TORCH_CHECK(pre[i] < i && pre[pre[i]] < 0, "sequence ", i, ": prefix ", pre[i],
-                  " must be an earlier sequence without a prefix");
-      p0 = off[pre[i]];
-      plen = off[pre[i] + 1] - p0;
-    }
-    for (int64_t h = 0; h < hkv; ++h) units.push_back({a, b, p0, plen, h, (b - a) * (plen + (b - a) / 2 + 1)});
-  }
-  std::stable_sort(units.begin(), units.end(), [](const Unit& x, const Unit& y) { return x.work > y.work; });
-  auto out = at::empty({t, hq * d}, opts);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  auto* op = out.data_ptr<BFloat16>();
-  std::atomic<int64_t> next{0};
-  const int64_t n = static_cast<int64_t>(units.size());
-  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n));
-  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-    Scratch w;
-    for (int64_t i = next++; i < n; i = next++) run_unit(units[i], x, prep, op, hq, hkv, d, scale, w);
-  });
-  return out;
 }
 
 }  // namespace
