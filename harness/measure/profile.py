@@ -7,8 +7,10 @@ measured class is what the profiler saw.
 Each event is attributed whole to the first class that claims it, walking down from the
 roots (a claimed event's children are not visited): a profiler range the engine opens
 (`bounded::attention`, `bounded::head`, `bounded::select`) claims what runs inside it,
-except GEMMs, which stay GEMMs wherever they run (a head's GEMM is a GEMM with its FLOPs);
-then names: GEMM externs (oneDNN linear, mm), attention ops (flash SDPA, the per-sequence
+except GEMMs, which stay GEMMs wherever they run (a head's GEMM is a GEMM with its FLOPs;
+the native fused head's `head_gemm_summary_bf16` is a GEMM whose epilogue, each row's
+log-sum-exp and block maxima, runs on the tile while it is in cache, and its
+`head_choose_bf16` is selection); then names: GEMM externs (oneDNN linear, mm), attention ops (flash SDPA, the per-sequence
 op, batched matmuls, fused softmax kernels), and any other kernel or aten op is
 norms/elementwise. Wrappers that are none of these are descended into.
 
@@ -26,7 +28,7 @@ CLASSES = ("gemm", "attention", "norms_elementwise", "head_selection", "host")
 LABELS = {"gemm": "GEMMs", "attention": "attention", "norms_elementwise": "norms / elementwise / copies",
           "head_selection": "head + selection", "host": "host (outside kernels)"}
 RANGES = {"bounded::attention": "attention", "bounded::head": "head_selection", "bounded::select": "head_selection"}
-GEMM_NAMES = ("linear_pointwise", "aten::linear", "aten::mm", "aten::addmm", "mm_out", "addmm_out", "_int_mm",
+GEMM_NAMES = ("linear_pointwise", "head_gemm_summary", "aten::linear", "aten::mm", "aten::addmm", "mm_out", "addmm_out", "_int_mm",
               "qlinear", "aten::_weight_int8pack_mm", "cublas", "gemm", "aten::_scaled_mm")
 ATTENTION_NAMES = ("scaled_dot_product", "flash_attention", "varlen_attention", "bmm", "softmax")
 FUSED = ("cpp_fused", "triton_")  # Inductor's generated kernels

@@ -86,8 +86,10 @@ def profile_scenario(scenario: Scenario, engine_name: str, requests: int, device
     finally:
         engine.stop()
     peak = device_peaks(device)
-    work = _work(shape, items[warm:], dtype, peak.rates.get(dtype, peak.mfu_tflops))
-    return _profile(scenario.name, spec.title, device, prof.events(), walls, stages, work)
+    events = prof.events()
+    fused_head = any(FUSED_HEAD in e.name for e in events)
+    work = _work(shape, items[warm:], dtype, peak.rates.get(dtype, peak.mfu_tflops), fused_head)
+    return _profile(scenario.name, spec.title, device, events, walls, stages, work)
 
 
 async def _answer(engine, reqs) -> tuple[list[float], list[dict[str, float]]]:
@@ -129,12 +131,19 @@ def _row(cls: str, ms: float, total: float, work: tuple[str, float, float] | Non
         return ClassRow(cls, round(ms, 3), round(ms / total, 4) if total else 0.0)
     words, amount, floor = work
     unit = "GFLOP/s" if "FLOP" in words else "GB/s"
-    rate = f"{amount / (ms / 1000.0) / 1e9:,.0f} {unit}" if ms > 0 else ""
-    return ClassRow(cls, round(ms, 3), round(ms / total, 4) if total else 0.0, words, rate, round(floor, 3))
+    rate = f"{amount / (ms / 1000.0) / 1e9:,.0f} {unit}" if ms > 0 and amount else ""
+    return ClassRow(cls, round(ms, 3), round(ms / total, 4) if total else 0.0, words, rate,
+                    round(floor, 3) if amount else None)
 
 
-def _work(shape: ModelShape, items, dtype: str, peak_tflops: float) -> dict[str, tuple[str, float, float]]:
-    """Per request: {class: (the work in words, its amount, its floor in ms)}."""
+FUSED_HEAD = "head_gemm_summary"  # the native fused beam head ran: no logits written
+
+
+def _work(shape: ModelShape, items, dtype: str, peak_tflops: float,
+          fused_head: bool = False) -> dict[str, tuple[str, float, float]]:
+    """Per request: {class: (the work in words, its amount, its floor in ms)}. `fused_head`:
+    the beam head's softmax statistics ran inside its GEMM, and the choice recomputes only
+    the candidate blocks' logits (k x 128 per row group): no logits are read back."""
     import torch
 
     beam = isinstance(items[0].request, BeamRequest)
@@ -148,7 +157,7 @@ def _work(shape: ModelShape, items, dtype: str, peak_tflops: float) -> dict[str,
     h, q, kv, i = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.intermediate
     elementwise = shape.layers * rows * (10 * h + 2 * (q + kv) + 3 * i) * elt
     head_rows = sum(_head_rows(it, beam) for it in items) / n
-    head = 2 * head_rows * shape.vocab * elt if beam else 0.0
+    head = 2 * head_rows * shape.vocab * elt if beam and not fused_head else 0.0
     bandwidth = _bandwidth()
     out = {"gemm": (f"{gemm / 1e9:,.2f} GFLOP", gemm, floor),
            "attention": (f"{attn / 1e9:,.2f} GFLOP", attn, attn / (peak_tflops * 1e12) * 1000.0),
@@ -156,6 +165,8 @@ def _work(shape: ModelShape, items, dtype: str, peak_tflops: float) -> dict[str,
                                  elementwise / bandwidth * 1000.0)}
     if head:
         out["head_selection"] = (f"{head / 1e6:,.1f} MB (logits read twice)", head, head / bandwidth * 1000.0)
+    elif beam:
+        out["head_selection"] = ("no logits written (fused head)", 0.0, 0.0)
     return out
 
 

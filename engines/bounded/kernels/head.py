@@ -11,8 +11,8 @@ that hold the best continuations, and then reads those blocks' logits alone.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, replace
+from typing import Optional, Protocol
 
 import torch
 from torch import Tensor
@@ -123,6 +123,47 @@ class LogitRows:
         """log p of (row, token) pairs: row/token [R, n] (rows within each request) -> [R, n]."""
         r, w, v = self.logits.shape
         return self.logits.reshape(r, w * v).gather(1, row * v + token).float() - self.lse.gather(1, row)
+
+
+class FusedHead(Protocol):
+    """What HiddenRows needs of the head that made them (runtime/beam_head.BeamHead)."""
+
+    def top(self, hidden: Tensor, cum: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]: ...
+
+    def logit_rows(self, hidden: Tensor) -> LogitRows: ...
+
+
+@dataclass(frozen=True)
+class HiddenRows:
+    """A fused head's output before any logits exist: the final-normed hidden rows. The
+    common choice of beams (every request free, select.next_beams) runs the head and its
+    top-k in one native pass (`top`); any other choice takes LogitRows (`materialise`)."""
+
+    hidden: Tensor  # [R, W, hidden]
+    vocab: int
+    head: FusedHead
+
+    def view(self, r: int, w: int) -> "HiddenRows":
+        return replace(self, hidden=self.hidden.view(r, w, -1))
+
+    def requests(self, index: Tensor | slice | int) -> "HiddenRows":
+        return replace(self, hidden=self.hidden[index])
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((*self.hidden.shape[:-1], self.vocab))
+
+    @property
+    def device(self) -> torch.device:
+        return self.hidden.device
+
+    def top(self, cum: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+        """cum [R, W] -> each request's best k continuations (select.top_continuations)."""
+        return self.head.top(self.hidden.reshape(-1, self.hidden.shape[-1]), cum, k)
+
+    def materialise(self) -> LogitRows:
+        r, w, _ = self.hidden.shape
+        return self.head.logit_rows(self.hidden.reshape(r * w, -1)).view(r, w)
 
 
 @dataclass(frozen=True)

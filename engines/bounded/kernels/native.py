@@ -4,8 +4,11 @@ C++ extension builder, loaded into the process on first use.
 The "native" prefill attention for bf16 on CPUs with AVX512-BF16, called from the compiled
 graphs directly: `varlen_attention_bf16` (q, k, v as the model made them; also the body of
 the Python bounded::varlen_attention there: attention.py) and `varlen_attention_rope_bf16`
-(the qkv projection as the GEMM gave it; the q/k norm and RoPE done inside). Built into
-`$BOUNDED_BENCH_CACHE/native/<digest>/` (~15 s with g++), named by a digest of the source
+(the qkv projection as the GEMM gave it; the q/k norm and RoPE done inside). And the beam
+step's fused head (csrc/beam_head.cpp, called eagerly by runtime/beam_head.py): the head GEMM
+with its log-sum-exp and block maxima as its epilogue, then the exact top-k continuations,
+no [rows, V] logits written (`beam_head_top`). Built into
+`$BOUNDED_BENCH_CACHE/native/<digest>/` (~30 s with g++), named by a digest of the sources
 and torch's version, so an edit or a new torch builds anew and a stale library never loads.
 Where it cannot be had -- no C++ compiler, a CPU without AVX512-BF16, a failed build --
 `available()` says False with the reason in `status()`, and the Python kernels serve.
@@ -26,7 +29,7 @@ from torch import Tensor
 from engines.hardware import cpu_flags
 from engines.server.venv import cache_dir
 
-SOURCE = Path(__file__).parent / "csrc" / "varlen_attention.cpp"
+SOURCES = tuple(Path(__file__).parent / "csrc" / name for name in ("varlen_attention.cpp", "beam_head.cpp"))
 
 # AVX-512 for the whole file, so ATen's Vectorized<float> (exp, max, bf16 conversion) is its
 # 512-bit implementation, not the portable one that loops over scalars: the library is only
@@ -46,7 +49,7 @@ def cpu_has_bf16_dot() -> bool:
 
 
 def build_dir() -> Path:
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode() + torch.__version__.encode()).hexdigest()[:16]
+    digest = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES) + " ".join(CFLAGS).encode() + torch.__version__.encode()).hexdigest()[:16]
     return cache_dir() / "native" / digest
 
 
@@ -57,7 +60,7 @@ def load(log: Callable[[str], None] = print) -> bool:
         if "error" not in _state:
             _state["error"] = _load(log)
             if _state["error"]:
-                log(f"native CPU attention unavailable ({_state['error']}); the Python kernel serves")
+                log(f"native CPU kernels unavailable ({_state['error']}); the Python kernels serve")
         return _state["error"] is None
 
 
@@ -84,9 +87,9 @@ def _load(log: Callable[[str], None]) -> Optional[str]:
     out.mkdir(parents=True, exist_ok=True)
     fresh = not any(out.glob("*.so"))
     if fresh:
-        log(f"building the native CPU attention kernel (once per machine and source) in {out} ...")
+        log(f"building the native CPU kernels (once per machine and source) in {out} ...")
     try:
-        cpp_extension.load(f"bounded_native_{out.name}", [str(SOURCE)], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"],
+        cpp_extension.load(f"bounded_native_{out.name}", [str(s) for s in SOURCES], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"],
                            build_directory=str(out), is_python_module=False, verbose=False)
     except Exception as e:  # no compiler, headers, ...: say why in one line (the compiler's first error)
         lines = str(e).strip().splitlines() or [""]
@@ -108,6 +111,18 @@ def _fake_varlen_attention_rope(qkv: torch.Tensor, hq: int, hkv: int, q_norm: Op
                                 positions: torch.Tensor, cu_seqlens: torch.Tensor,
                                 prefix: Optional[torch.Tensor] = None) -> torch.Tensor:
     return qkv.new_empty(qkv.shape[0], qkv.shape[1] // (hq + 2 * hkv) * hq)
+
+
+def beam_head_top(hidden: Tensor, packed: Tensor, vocab: int, banned: Tensor, cum: Tensor,
+                  k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The fused beam head: hidden [R * W, K] bf16 (contiguous), packed (pack_head_bf16 of the
+    [V, K] head), banned [E] int64 ids, cum [R, W] float32 -> each request's best k
+    continuations cum + log_softmax(logits) (banned ids -inf after it), best first: scores
+    [R, k] (-inf: none), parent rows [R, k], tokens [R, k]. Two ops, so that a profile sees
+    the GEMM (with its epilogue) apart from the choice."""
+    ops = torch.ops.bounded_native
+    lse, block_max = ops.head_gemm_summary_bf16(hidden, packed, vocab, banned)
+    return ops.head_choose_bf16(hidden, packed, vocab, banned, lse, block_max, cum, k)
 
 
 class NativeAttention:

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from engines.bounded.kernels.constraints import ItemTrie
-from engines.bounded.kernels.head import LogitRows
+from engines.bounded.kernels.head import HiddenRows, LogitRows
 
 
 def top_continuations(logp: Tensor, cum: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -62,7 +62,9 @@ def top_continuations_of_logits(rows: LogitRows, cum: Tensor, k: int) -> tuple[T
     return scores, parent_rows.gather(1, pick), token.reshape(r, -1).gather(1, pick)
 
 
-def _top(logp: Tensor | LogitRows, cum: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+def _top(logp: Tensor | LogitRows | HiddenRows, cum: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    if isinstance(logp, HiddenRows):  # the fused head: head, log-softmax and top-k in one pass
+        return logp.top(cum, k)
     if isinstance(logp, LogitRows):
         return top_continuations_of_logits(logp, cum, k)
     return top_continuations(logp, cum, k)
@@ -108,16 +110,19 @@ def prepare_choice(tries: Sequence[Optional[ItemTrie]], widths: Sequence[int], w
     return Choice(w, index, len(free), tuple((i, t) for i, t in enumerate(tries) if t is not None), past)
 
 
-def next_beams(logp: Tensor | LogitRows, cum: Tensor, nodes: Tensor, choice: Choice,
+def next_beams(logp: Tensor | LogitRows | HiddenRows, cum: Tensor, nodes: Tensor, choice: Choice,
                depth: Optional[int] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The next [R, W] beams of R requests: logp [R, w_in, V] (log-probabilities, or the
-    head's LogitRows), cum/nodes [R, w_in] (nodes at
+    head's LogitRows or HiddenRows), cum/nodes [R, w_in] (nodes at
     `depth` of the tries); a free request takes the best of all its continuations, a
     constrained one only continuations on its trie, each keeps its own width.
     -> scores (-inf: dead or padding row), parent rows, tokens, trie nodes: [R, W] each."""
     r, w, device = logp.shape[0], choice.width, logp.device
     k = min(w, logp.shape[1] * logp.shape[2])
-    if choice.num_free == r and k == w:  # the common case: the top-k is the whole answer
+    common = choice.num_free == r and k == w  # the top-k is the whole answer
+    if isinstance(logp, HiddenRows) and not common:  # a fused head's logits, for a choice that reads them
+        logp = logp.materialise()
+    if common:
         scores, parents, tokens = _top(logp, cum, k)
         new_nodes = torch.zeros(r, w, dtype=torch.int64, device=device)
     else:

@@ -32,7 +32,6 @@ from torch import Tensor
 
 from engines.bounded.kernels import select
 from engines.bounded.kernels.constraints import ROOT
-from engines.bounded.kernels.head import LogitRows
 from engines.bounded.model.families import read_model_config
 from engines.bounded.model.precision import PrecisionPolicy
 from engines.bounded.plan import BeamPlan
@@ -91,7 +90,8 @@ class BeamRuntime(CompiledRuntime):
         self.cfg, self.buffers = model.cfg, BeamBuffers(model.cfg, self.plan, model.lm_head.dtype, self.device)
         banned = torch.tensor(self.banned_ids, dtype=torch.int64, device=self.device)
         self.head = beam_head.BeamHead(model.lm_head, banned, self.buffers, self.policy, self.plan.max_width, tail)
-        self.status["head_tail"] = "logit summary" if tail is not None else "float32 log-probabilities"
+        self.status["head_tail"] = ("native fused head + top-k" if self.head.fused else "logit summary") \
+            if tail is not None else "float32 log-probabilities"
         self.status["buffers_mib"] = round(self.buffers.nbytes() / 2**20, 1)
         self._capture_steps()
 
@@ -246,7 +246,7 @@ class BeamRuntime(CompiledRuntime):
         if t - 1 < self.plan.suffix_slots and t < batch.steps - 1:  # read by a later pass
             dst[0][:, :, t - 1].copy_(nk)
             dst[1][:, :, t - 1].copy_(nv)
-        return beam_head.view(logp, rows, w).requests(slice(0, r)) if isinstance(logp, LogitRows) \
+        return beam_head.view(logp, rows, w).requests(slice(0, r)) if not isinstance(logp, Tensor) \
             else logp.view(rows, w, -1)[:r]
 
     def _select(self, batch: BeamBatch, logp: Tensor, cum: Tensor, nodes: Tensor, state: BeamState,

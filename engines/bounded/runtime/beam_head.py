@@ -2,6 +2,11 @@
 oneDNN, or int8) and its tail -- float32 log-probabilities, or on a CPU in a low-precision
 float plan the logits' summary (kernels/head.logit_summary, compiled as the
 `beam_head_tail` package), which the choice of beams reads instead (kernels/select.py).
+
+In a bf16 plan with the native kernels loaded (kernels/native.py) the head is fused: it
+returns the hidden rows (HiddenRows) and the choice of beams runs the GEMM, log-softmax and
+top-k as one pass over the weight (csrc/beam_head.cpp), no [rows, V] logits written; a
+choice that needs logits (an item trie) gets them from the same kernel, value for value.
 """
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from engines.bounded.kernels import head
+from engines.bounded.kernels import head, native
 from engines.bounded.model.precision import PrecisionPolicy
 from engines.bounded.programs.beam import BeamHeadTail
 from engines.bounded.runtime.buffers import BeamBuffers
@@ -28,6 +33,13 @@ def summarised(device: torch.device, policy: PrecisionPolicy, banned: int) -> bo
             and policy.gemm_kind("head") != "int8" and banned > 0)
 
 
+def fuses(weight: Tensor) -> bool:
+    """Can the native fused head serve this head weight [V, hidden]? bf16 on a CPU, the
+    native kernels loaded (the runtime loads them for bf16 plans), an even hidden size."""
+    return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and native.available()
+            and weight.shape[1] % 2 == 0)
+
+
 def tail_program(vocab: int) -> BeamHeadTail:
     return BeamHeadTail(head.block_size(vocab)).eval()
 
@@ -39,15 +51,36 @@ class BeamHead:
         prepacking hint); `tail`: the compiled (or eager) BeamHeadTail, None for the float32
         log-probabilities."""
         self.weight, self.banned, self.buffers, self.tail = weight, banned, buffers, tail
-        self.packed = head.prepack_head(weight, rows)
+        self.vocab = weight.shape[0]
+        self.fused = tail is not None and fuses(weight)
+        self.native = torch.ops.bounded_native.pack_head_bf16(weight) if self.fused else None
+        self.packed = None if self.fused else head.prepack_head(weight, rows)
         self.int8 = head.Int8Head.of(weight) if policy.gemm_kind("head") == "int8" else None
 
-    def __call__(self, hidden: Tensor) -> Tensor | head.LogitRows:
+    def __call__(self, hidden: Tensor) -> Tensor | head.LogitRows | head.HiddenRows:
         """hidden [rows, hidden] -> log-probabilities [rows, V] in the planned buffer, or the
-        logits and their summary (LogitRows [rows, 1, ...])."""
-        with torch.profiler.record_function("bounded::head"), \
-                threads_for(hidden.device, 2 * hidden.numel() * self.weight.shape[0]):
+        logits and their summary (LogitRows [rows, 1, ...]), or (fused) the rows themselves."""
+        if self.fused:
+            return head.HiddenRows(hidden[:, None], self.vocab, self)
+        with torch.profiler.record_function("bounded::head"), self._threads(hidden):
             return self._rows(hidden)
+
+    def _threads(self, hidden: Tensor):
+        return threads_for(hidden.device, 2 * hidden.numel() * self.vocab)
+
+    def top(self, hidden: Tensor, cum: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+        """The fused head and choice: hidden [R * W, hidden], cum [R, W] -> each request's
+        best k continuations: scores, parent rows, tokens [R, k] (select.top_continuations)."""
+        with torch.profiler.record_function("bounded::head"), self._threads(hidden):
+            return native.beam_head_top(hidden.contiguous(), self.native, self.vocab, self.banned,
+                                        cum.float().contiguous(), k)
+
+    def logit_rows(self, hidden: Tensor) -> head.LogitRows:
+        """The fused head's logits and their summary, for a choice that reads logits."""
+        with torch.profiler.record_function("bounded::head"), self._threads(hidden):
+            x = torch.ops.bounded_native.head_logits_bf16(hidden.contiguous(), self.native, self.vocab)
+            lse, block_max = self.tail(x, head.ban_logits(x, self.banned))
+            return head.LogitRows(x[:, None], lse[:, None], block_max[:, None], head.block_size(self.vocab))
 
     def _rows(self, hidden: Tensor) -> Tensor | head.LogitRows:
         logp, logits = self.buffers.head_views(hidden.shape[0])
@@ -60,6 +93,6 @@ class BeamHead:
         return head.head_log_probs(hidden, self.weight, self.banned, logp, logits, self.packed)
 
 
-def view(out: Tensor | head.LogitRows, r: int, w: int) -> Tensor | head.LogitRows:
+def view(out: Tensor | head.LogitRows | head.HiddenRows, r: int, w: int) -> Tensor | head.LogitRows | head.HiddenRows:
     """A head's output for rows [r * w] as [r, w, ...]."""
-    return out.view(r, w) if isinstance(out, head.LogitRows) else out.view(r, w, -1)
+    return out.view(r, w, -1) if isinstance(out, Tensor) else out.view(r, w)

@@ -47,6 +47,9 @@ def test_events_are_claimed_once_by_the_first_class_that_claims_them():
         tree("graph_1_cpp_fused__unsafe_view_add_amax_arange_bitwise_or_2", 0.5),  # a beam step's masked softmax
         tree("bounded::head", 9.0, tree("mkldnn::_linear_pointwise", 5.0), tree("graph_0_cpp_fused_amax_exp_0", 3.0)),
         tree("bounded::select", 2.0, tree("aten::topk", 1.0), tree("aten::gather", 0.5)),
+        # the native fused head: its GEMM (with the softmax statistics as epilogue), then the choice
+        tree("bounded::head", 4.0, tree("bounded_native::head_gemm_summary_bf16", 3.0),
+             tree("bounded_native::head_choose_bf16", 0.75)),
         tree("aten::matmul", 6.0, tree("aten::mm", 6.0)),  # eager linear: a GEMM
         tree("some python range", 3.0, tree("aten::add", 0.25)),
     ]
@@ -56,7 +59,7 @@ def test_events_are_claimed_once_by_the_first_class_that_claims_them():
         w.thread = 7
     got = classes.class_times(flatten(*roots) + worker)
     # the op claims its own children; the head's GEMM stays a GEMM; ranges and wrappers add nothing of their own
-    assert got == {"gemm": 21.0, "attention": 9.0, "norms_elementwise": 6.25, "head_selection": 4.5}
+    assert got == {"gemm": 24.0, "attention": 9.0, "norms_elementwise": 6.25, "head_selection": 5.25}
 
 
 def test_host_parts_split_the_rest_by_the_engines_stage_times():

@@ -69,7 +69,26 @@ def test_batched_requests_equal_each_alone(tiny_dir):
         assert_same_beams(got, r.run([job])[0])
 
 
+def test_bfloat16_batched_with_a_trie_overlaps_each_alone(tiny_dir):
+    """bf16 with the fused head: a batch holding a constrained request takes the logits (the
+    same kernel's values), each free request alone takes the fused top-k: the same beams, but
+    for picks among equal bf16 scores."""
+    codes = _codes(5, 2000, 3, (120, 10, 10))
+    jobs = [BeamJob(_prompt(5, 40), 100, 3), BeamJob(_prompt(6, 9), 16, 3, build_trie(codes, VOCAB)),
+            BeamJob(_prompt(7, 3), 37, 3)]
+    r = runner(tiny_dir, "bfloat16")
+    together = r.run(jobs)
+    for job, got in zip(jobs, together):
+        alone = r.run([job])[0]
+        assert overlap(got, alone) >= 0.95
+        assert abs(got.scores[0] - alone.scores[0]) < 1e-3
+
+
 def test_bfloat16_top_sets_overlap_transformers(preset_dir):
+    from engines.bounded.kernels import native
+    # the fused native head (head + log-softmax + top-k in one pass) wherever it loads
+    status = runner(preset_dir, "bfloat16").runtime.status  # the runtime loads the native kernels
+    assert status["head_tail"] == ("native fused head + top-k" if native.available() else "logit summary")
     shares = []
     for seed, (width, steps, n) in enumerate([(100, 4, 32), (37, 5, 200), (100, 2, 400)]):
         prompt = _prompt(seed, n)

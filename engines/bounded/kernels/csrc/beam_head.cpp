@@ -1,0 +1,371 @@
+// A beam step's full-vocabulary head and its choice of beams, on a CPU with AVX512-BF16,
+// with no [rows, V] logits written anywhere.
+//
+// head_gemm_summary_bf16: the GEMM hidden [B, K] x weight [V, K]^T, chunk by chunk of CHUNK
+// vocabulary columns split between torch's threads. A chunk's logits (float32 sums of bf16
+// products, rounded to bf16 as a bf16 GEMM's output is) go to a small buffer in L2 and are
+// summarised there while hot: each row's log-sum-exp (every token, the banned ones too: the
+// log-softmax normalises before EOS is banned) and the maximum of each block of BLK tokens
+// (the banned ones -inf).
+//
+// head_choose_bf16: log p(t | b) = logit - lse[b], a per-row shift, so a block's best
+// continuation scores cum[b] + (block_max - lse[b]) exactly, and a request's best k
+// continuations lie in its best k blocks. Those blocks' logits are computed again (the same
+// micro-kernel, the same values) and their best k are the answer: the exact top-k of W x V
+// continuations from k x BLK candidates.
+//
+// The weight is packed once (pack_head_bf16) into panels of 16 columns holding pairs along
+// the contraction, the layout of the dot-product instruction; the micro-kernel is 6 rows x
+// 64 columns. head_logits_bf16 writes the same logits, value for value (a choice that reads
+// logits: an item trie; tests).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/vec.h>
+#include <torch/library.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+using at::BFloat16;
+using Vec = at::vec::Vectorized<float>;
+
+#define HEAD_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+
+constexpr int64_t PANEL = 16;   // vocabulary columns per packed panel (one vector)
+constexpr int GROUP = 4;        // panels per micro-kernel call: 64 columns
+constexpr int MR = 6;           // rows per micro-kernel call
+constexpr int64_t CHUNK = 512;  // columns a thread computes for a block of rows, then summarises
+constexpr int64_t ROWS = 48;    // rows per block: ROWS x CHUNK float32 stay in L2
+
+constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
+
+int64_t padded_columns(int64_t v) { return (v + CHUNK - 1) / CHUNK * CHUNK; }
+
+inline __mmask16 lanes(int64_t j, int64_t n) {
+  const int64_t left = n - j;
+  return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+}
+
+// float32 -> the nearest bf16 (ties to even), widened back to float32 exactly.
+HEAD_TARGET inline __m512 round_bf16(__m512 x) {
+  const __m256i h = (__m256i)_mm512_cvtneps_pbh(x);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// c[M, 64] (ldc) = bf16(a[M, 2 k2] (lda) x the 4 panels at b (each k2 x 16 pairs, `panel` apart)).
+// Every output lane sums its K products in the same order whatever M is.
+template <int M>
+HEAD_TARGET void micro(const BFloat16* a, int64_t lda, const BFloat16* b, int64_t panel, int64_t k2, float* c,
+                       int64_t ldc) {
+  __m512 acc[M][GROUP];
+  for (int r = 0; r < M; ++r)
+    for (int g = 0; g < GROUP; ++g) acc[r][g] = _mm512_setzero_ps();
+  for (int64_t kk = 0; kk < k2; ++kk) {
+    __m512bh bv[GROUP];
+    for (int g = 0; g < GROUP; ++g) bv[g] = (__m512bh)_mm512_loadu_si512(b + g * panel + kk * 2 * PANEL);
+    for (int r = 0; r < M; ++r) {
+      int32_t word;
+      std::memcpy(&word, a + r * lda + 2 * kk, sizeof(word));
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(word);
+      for (int g = 0; g < GROUP; ++g) acc[r][g] = _mm512_dpbf16_ps(acc[r][g], av, bv[g]);
+    }
+  }
+  for (int r = 0; r < M; ++r)
+    for (int g = 0; g < GROUP; ++g) _mm512_storeu_ps(c + r * ldc + g * PANEL, round_bf16(acc[r][g]));
+}
+
+using Micro = void (*)(const BFloat16*, int64_t, const BFloat16*, int64_t, int64_t, float*, int64_t);
+constexpr Micro MICROS[MR] = {&micro<1>, &micro<2>, &micro<3>, &micro<4>, &micro<5>, &micro<6>};
+
+// buf[rows, CHUNK] = the logits of hidden rows [0, rows) (ld `kdim`) at columns [c0, c0 + CHUNK).
+HEAD_TARGET void chunk_logits(const BFloat16* hidden, int64_t rows, int64_t kdim, const BFloat16* packed, int64_t c0,
+                              float* buf) {
+  const int64_t k2 = kdim / 2, panel = k2 * 2 * PANEL;
+  for (int64_t col = 0; col < CHUNK; col += GROUP * PANEL) {
+    const BFloat16* b = packed + (c0 + col) / PANEL * panel;
+    for (int64_t r = 0; r < rows; r += MR) {
+      const int64_t m = std::min<int64_t>(MR, rows - r);
+      MICROS[m - 1](hidden + r * kdim, kdim, b, panel, k2, buf + r * CHUNK + col, CHUNK);
+    }
+  }
+}
+
+constexpr int64_t BLK = 128;  // tokens per block: the first stage of the choice ranks blocks by their best
+
+struct RowSum {  // one row's log-sum-exp so far, in one thread's share: m + log(s), m near the maximum
+  float m = NEG_INF, s = 0.0f;
+};
+
+// sum(exp(x[0:n] - ref)) (masked lanes add nothing) and max(x[0:n]).
+HEAD_TARGET float exp_sum(const float* x, int64_t n, float ref, float* max_out) {
+  const Vec vref(ref);
+  __m512 vmax = _mm512_set1_ps(NEG_INF), vsum = _mm512_setzero_ps();
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const __m512 v = _mm512_loadu_ps(x + j);
+    vmax = _mm512_max_ps(vmax, v);
+    vsum = _mm512_add_ps(vsum, (Vec(v) - vref).exp_u20());
+  }
+  if (j < n) {
+    const __mmask16 m = lanes(j, n);
+    const __m512 v = _mm512_maskz_loadu_ps(m, x + j);
+    vmax = _mm512_mask_max_ps(vmax, m, vmax, v);
+    vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(m, (Vec(v) - vref).exp_u20()));
+  }
+  *max_out = _mm512_reduce_max_ps(vmax);
+  return _mm512_reduce_add_ps(vsum);
+}
+
+// The largest of each BLK tokens of x[0:n] (the last block may be short) into out.
+HEAD_TARGET void block_max(const float* x, int64_t n, float* out) {
+  for (int64_t b0 = 0; b0 < n; b0 += BLK) {
+    __m512 vmax = _mm512_set1_ps(NEG_INF);
+    const int64_t end = std::min(n, b0 + BLK);
+    for (int64_t j = b0; j < end; j += 16) vmax = _mm512_mask_max_ps(vmax, lanes(j, end), vmax, _mm512_loadu_ps(x + j));
+    out[b0 / BLK] = _mm512_reduce_max_ps(vmax);
+  }
+}
+
+// Fold one row's n logits of a chunk starting at token c0 into its sum -- against the row's
+// reference, its first chunk's maximum, moved only where a later chunk exceeds it by enough
+// to overflow -- then set its banned tokens to -inf and write its blocks' maxima.
+HEAD_TARGET void summarise(float* x, int64_t n, int64_t c0, RowSum& st, const int64_t* banned, int64_t nbanned,
+                           float* bmax) {
+  float mc;
+  if (st.m == NEG_INF) exp_sum(x, n, 0.0f, &st.m);
+  float sc = exp_sum(x, n, st.m, &mc);
+  if (mc > st.m + 64.0f) {  // e^64 x V stays far below float32's range; past it, rescale
+    st.s *= std::exp(st.m - mc);
+    st.m = mc;
+    sc = exp_sum(x, n, st.m, &mc);
+  }
+  st.s += sc;
+  for (int64_t e = 0; e < nbanned; ++e)
+    if (banned[e] >= c0 && banned[e] < c0 + n) x[banned[e] - c0] = NEG_INF;
+  block_max(x, n, bmax);
+}
+
+void check_inputs(const at::Tensor& hidden, const at::Tensor& packed, int64_t vocab) {
+  TORCH_CHECK(__builtin_cpu_supports("avx512bf16"), "beam head: this CPU has no AVX512-BF16");
+  TORCH_CHECK(hidden.dim() == 2 && hidden.scalar_type() == at::kBFloat16 && hidden.is_contiguous(),
+              "beam head: hidden must be a contiguous bf16 [B, K] tensor");
+  const int64_t kdim = hidden.size(1);
+  TORCH_CHECK(packed.scalar_type() == at::kBFloat16 && packed.is_contiguous() && packed.dim() == 4 &&
+                  packed.size(0) * PANEL == padded_columns(vocab) && packed.size(1) * 2 == kdim,
+              "beam head: the packed weight does not match hidden [B, ", kdim, "] and vocabulary ", vocab,
+              " (pack it with pack_head_bf16)");
+}
+
+// weight [V, K] bf16 -> [V' / 16, K / 2, 16, 2]: panels of 16 columns, pairs along K, V
+// padded with zero columns to whole chunks (V').
+at::Tensor pack_head_bf16(const at::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kBFloat16, "pack_head_bf16: a bf16 [V, K] weight");
+  TORCH_CHECK(weight.size(1) % 2 == 0, "pack_head_bf16: K must be even, got ", weight.size(1));
+  const at::Tensor w = weight.contiguous();
+  const int64_t v = w.size(0), kdim = w.size(1), k2 = kdim / 2, panels = padded_columns(v) / PANEL;
+  at::Tensor out = at::zeros({panels, k2, PANEL, 2}, w.options());
+  const BFloat16* src = w.data_ptr<BFloat16>();
+  BFloat16* dst = out.data_ptr<BFloat16>();
+  at::parallel_for(0, panels, 16, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t j = 0; j < PANEL && p * PANEL + j < v; ++j) {
+        const BFloat16* row = src + (p * PANEL + j) * kdim;
+        for (int64_t kk = 0; kk < k2; ++kk) {
+          BFloat16* d = dst + ((p * k2 + kk) * PANEL + j) * 2;
+          d[0] = row[2 * kk];
+          d[1] = row[2 * kk + 1];
+        }
+      }
+  });
+  return out;
+}
+
+// The logits [B, vocab] bf16, exactly as head_gemm_summary_bf16 and head_choose_bf16 see them.
+at::Tensor head_logits_bf16(const at::Tensor& hidden, const at::Tensor& packed, int64_t vocab) {
+  check_inputs(hidden, packed, vocab);
+  const int64_t b = hidden.size(0), kdim = hidden.size(1), cols = padded_columns(vocab);
+  at::Tensor out = at::empty({b, vocab}, hidden.options());
+  const BFloat16* h = hidden.data_ptr<BFloat16>();
+  BFloat16* o = out.data_ptr<BFloat16>();
+  at::parallel_for(0, cols / CHUNK, 1, [&](int64_t c_begin, int64_t c_end) {
+    std::vector<float> buf(ROWS * CHUNK);
+    for (int64_t c = c_begin; c < c_end; ++c)
+      for (int64_t r0 = 0; r0 < b; r0 += ROWS) {
+        const int64_t rows = std::min(ROWS, b - r0), n = std::min(CHUNK, vocab - c * CHUNK);
+        chunk_logits(h + r0 * kdim, rows, kdim, packed.data_ptr<BFloat16>(), c * CHUNK, buf.data());
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t j = 0; j < n; ++j) o[(r0 + r) * vocab + c * CHUNK + j] = BFloat16(buf[r * CHUNK + j]);
+      }
+  });
+  return out;
+}
+
+struct Scored {  // a block (token: its index) or a continuation
+  float score;
+  int64_t row, token;
+};
+
+// best first; ties by row, then token (a fixed order)
+bool by_score(const Scored& x, const Scored& y) {
+  if (x.score != y.score) return x.score > y.score;
+  return x.row != y.row ? x.row < y.row : x.token < y.token;
+}
+
+at::Tensor banned_ids(const at::Tensor& banned) {
+  TORCH_CHECK(banned.scalar_type() == at::kLong && banned.dim() == 1, "beam head: banned must be int64 [E]");
+  return banned.contiguous();
+}
+
+// The head GEMM with its epilogue: hidden [B, K] bf16, packed (pack_head_bf16), banned [E]
+// int64 ids -> (lse [B] float32: each row's log-sum-exp over every token, the banned ones
+// included; block_max [B, ceil(vocab / BLK)] float32: each block's largest logit, the banned
+// ones -inf). The logits themselves are written nowhere.
+std::tuple<at::Tensor, at::Tensor> head_gemm_summary_bf16(const at::Tensor& hidden, const at::Tensor& packed,
+                                                          int64_t vocab, const at::Tensor& banned) {
+  check_inputs(hidden, packed, vocab);
+  const at::Tensor ban = banned_ids(banned);
+  const int64_t nbanned = ban.numel(), b = hidden.size(0), kdim = hidden.size(1);
+  const int64_t* bp = ban.data_ptr<int64_t>();
+  const BFloat16* h = hidden.data_ptr<BFloat16>();
+  const BFloat16* pk = packed.data_ptr<BFloat16>();
+  const int64_t chunks = padded_columns(vocab) / CHUNK, nb = (vocab + BLK - 1) / BLK;
+  at::Tensor lse = at::empty({b}, hidden.options().dtype(at::kFloat));
+  at::Tensor bmax = at::empty({b, nb}, lse.options());
+  float* bm = bmax.data_ptr<float>();
+  // each thread summarises its share of the chunks for every row, merged after
+  const int threads = at::get_num_threads();
+  std::vector<std::vector<RowSum>> sums(threads, std::vector<RowSum>(b));
+  at::parallel_for(0, chunks, 1, [&](int64_t c_begin, int64_t c_end) {
+    auto& mine = sums[at::get_thread_num()];
+    std::vector<float> buf(ROWS * CHUNK);
+    for (int64_t c = c_begin; c < c_end; ++c)
+      for (int64_t r0 = 0; r0 < b; r0 += ROWS) {
+        const int64_t rows = std::min(ROWS, b - r0), n = std::min(CHUNK, vocab - c * CHUNK);
+        chunk_logits(h + r0 * kdim, rows, kdim, pk, c * CHUNK, buf.data());
+        for (int64_t r = 0; r < rows; ++r)
+          summarise(buf.data() + r * CHUNK, n, c * CHUNK, mine[r0 + r], bp, nbanned, bm + (r0 + r) * nb + c * (CHUNK / BLK));
+      }
+  });
+  float* lp = lse.data_ptr<float>();
+  for (int64_t row = 0; row < b; ++row) {
+    float m = NEG_INF, s = 0.0f;
+    for (const auto& per : sums) m = std::max(m, per[row].m);
+    for (const auto& per : sums)
+      if (per[row].s > 0.0f) s += per[row].s * std::exp(per[row].m - m);
+    lp[row] = m + std::log(s);
+  }
+  return {lse, bmax};
+}
+
+// The choice of beams from the summary: hidden [R * W, K], packed, banned as above, lse and
+// block_max (head_gemm_summary_bf16 of the same rows), cum [R, W] float32 -> each request's
+// best k continuations cum + (logit - lse), best first: scores [R, k] float32 (-inf: none),
+// parent row within the request [R, k], token [R, k] int64. Only the chosen blocks' logits
+// are computed again, value for value as before.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> head_choose_bf16(const at::Tensor& hidden, const at::Tensor& packed,
+                                                                int64_t vocab, const at::Tensor& banned,
+                                                                const at::Tensor& lse_t, const at::Tensor& bmax_t,
+                                                                const at::Tensor& cum, int64_t k) {
+  check_inputs(hidden, packed, vocab);
+  const at::Tensor ban = banned_ids(banned);
+  const int64_t nbanned = ban.numel(), b = hidden.size(0), kdim = hidden.size(1);
+  const int64_t nb = (vocab + BLK - 1) / BLK, panel = kdim / 2 * 2 * PANEL;
+  TORCH_CHECK(cum.dim() == 2 && cum.scalar_type() == at::kFloat && cum.numel() == b,
+              "beam head: cum must be float32 [R, W] with R * W = the hidden rows");
+  TORCH_CHECK(lse_t.scalar_type() == at::kFloat && lse_t.numel() == b && bmax_t.scalar_type() == at::kFloat &&
+                  bmax_t.dim() == 2 && bmax_t.size(0) == b && bmax_t.size(1) == nb,
+              "beam head: lse [B] and block_max [B, ", nb, "] float32 must come from head_gemm_summary_bf16");
+  TORCH_CHECK(k >= 1 && k <= vocab - nbanned, "beam head: k must lie in 1..", vocab - nbanned, ", got ", k);
+  const int64_t nreq = cum.size(0), w = cum.size(1);
+  const at::Tensor cumc = cum.contiguous(), lse_c = lse_t.contiguous(), bmax_c = bmax_t.contiguous();
+  const int64_t* bp = ban.data_ptr<int64_t>();
+  const BFloat16* h = hidden.data_ptr<BFloat16>();
+  const BFloat16* pk = packed.data_ptr<BFloat16>();
+  const float* lse = lse_c.data_ptr<float>();
+  const float* bmax = bmax_c.data_ptr<float>();
+
+  at::Tensor scores = at::full({nreq, k}, NEG_INF, cum.options());
+  at::Tensor parents = at::zeros({nreq, k}, cum.options().dtype(at::kLong));
+  at::Tensor tokens = at::zeros({nreq, k}, cum.options().dtype(at::kLong));
+  const float* cp = cumc.data_ptr<float>();
+  float* sp = scores.data_ptr<float>();
+  int64_t* pp = parents.data_ptr<int64_t>();
+  int64_t* tp = tokens.data_ptr<int64_t>();
+  at::parallel_for(0, nreq, 1, [&](int64_t q0, int64_t q1) {
+    std::vector<Scored> blocks, cand;
+    alignas(64) float x[BLK];
+    for (int64_t q = q0; q < q1; ++q) {
+      // 2. the request's best k blocks by cum + (block max - lse): they hold its best k
+      //    continuations (the expression is monotone in the logit). A floor prunes first:
+      //    the k-th best block scores at least the worst of any k blocks' scores, e.g. of
+      //    the rows' best blocks where there are k rows.
+      float floor = NEG_INF;
+      if (w >= k) {
+        std::vector<float> best(w);
+        for (int64_t i = 0; i < w; ++i) {
+          const int64_t row = q * w + i;
+          const float* bm = bmax + row * nb;
+          best[i] = cp[row] + (*std::max_element(bm, bm + nb) - lse[row]);
+        }
+        std::nth_element(best.begin(), best.begin() + (k - 1), best.end(), std::greater<float>());
+        floor = best[k - 1];
+      }
+      blocks.clear();
+      for (int64_t i = 0; i < w; ++i) {
+        const int64_t row = q * w + i;
+        const float c = cp[row], l = lse[row];
+        const float* bm = bmax + row * nb;
+        for (int64_t j = 0; j < nb; ++j) {
+          const float score = c + (bm[j] - l);
+          if (score >= floor) blocks.push_back({score, i, j});
+        }
+      }
+      const int64_t nbest = std::min<int64_t>(k, static_cast<int64_t>(blocks.size()));
+      std::nth_element(blocks.begin(), blocks.begin() + (nbest - 1), blocks.end(), by_score);
+      // 3. those blocks' logits again, computed as before value for value, and the best k
+      cand.clear();
+      for (int64_t t = 0; t < nbest; ++t) {
+        const int64_t i = blocks[t].row, row = q * w + i, c0 = blocks[t].token * BLK;
+        const int64_t n = std::min(BLK, vocab - c0);
+        for (int64_t col = 0; col < BLK; col += GROUP * PANEL)
+          micro<1>(h + row * kdim, kdim, pk + (c0 + col) / PANEL * panel, panel, kdim / 2, x + col, BLK);
+        for (int64_t e = 0; e < nbanned; ++e)
+          if (bp[e] >= c0 && bp[e] < c0 + n) x[bp[e] - c0] = NEG_INF;
+        const float c = cp[row], l = lse[row];
+        for (int64_t j = 0; j < n; ++j) cand.push_back({c + (x[j] - l), i, c0 + j});
+      }
+      const int64_t n = std::min<int64_t>(k, static_cast<int64_t>(cand.size()));
+      std::partial_sort(cand.begin(), cand.begin() + n, cand.end(), by_score);
+      for (int64_t j = 0; j < n; ++j) {
+        sp[q * k + j] = cand[j].score;
+        pp[q * k + j] = cand[j].row;
+        tp[q * k + j] = cand[j].token;
+      }
+    }
+  });
+  return {scores, parents, tokens};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(bounded_native, m) {
+  m.def("pack_head_bf16(Tensor weight) -> Tensor");
+  m.def("head_logits_bf16(Tensor hidden, Tensor packed, int vocab) -> Tensor");
+  m.def("head_gemm_summary_bf16(Tensor hidden, Tensor packed, int vocab, Tensor banned) -> (Tensor, Tensor)");
+  m.def("head_choose_bf16(Tensor hidden, Tensor packed, int vocab, Tensor banned, Tensor lse, Tensor block_max, "
+        "Tensor cum, int k) -> (Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(bounded_native, CPU, m) {
+  m.impl("pack_head_bf16", &pack_head_bf16);
+  m.impl("head_logits_bf16", &head_logits_bf16);
+  m.impl("head_gemm_summary_bf16", &head_gemm_summary_bf16);
+  m.impl("head_choose_bf16", &head_choose_bf16);
+}

@@ -1,0 +1,125 @@
+"""The native fused beam head (csrc/beam_head.cpp) against torch: its logits against torch's
+bf16 GEMM and float32, its top-k continuations against log_softmax + ban + top-k over the same
+logits, and the choice of beams (select.next_beams) through HiddenRows against LogitRows."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from engines.bounded.kernels import head, native, select
+
+
+@pytest.fixture(scope="module")
+def ops():
+    if not native.load(log=lambda _: None):
+        pytest.skip(f"native CPU kernels unavailable here: {native.status()}")
+    return torch.ops.bounded_native
+
+
+def _case(seed: int, rows: int, hidden: int, vocab: int):
+    g = torch.Generator().manual_seed(seed)
+    weight = (torch.randn(vocab, hidden, generator=g) * 0.3).bfloat16()
+    x = torch.randn(rows, hidden, generator=g).bfloat16()
+    return x, weight
+
+
+@pytest.mark.parametrize("rows,hidden,vocab", [(1, 64, 1000), (13, 64, 777), (100, 96, 4099), (7, 896, 1536)])
+def test_native_logits_are_the_bf16_gemm(ops, rows, hidden, vocab):
+    x, weight = _case(rows + vocab, rows, hidden, vocab)
+    got = ops.head_logits_bf16(x, ops.pack_head_bf16(weight), vocab)
+    exact = x.double() @ weight.double().t()
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, vocab)
+    # float32 sums rounded once to bf16: within one bf16 rounding of the exact product
+    assert ((got.double() - exact).abs() <= exact.abs() * 2 ** -8 + 1e-3).all()
+    mm = torch.mm(x, weight.t())
+    assert (got != mm).float().mean() < 0.01  # torch's GEMM sums in another order, rarely another rounding
+
+
+def _reference_top(logits: torch.Tensor, banned: list[int], cum: torch.Tensor, k: int):
+    """cum + log_softmax(logits) with the banned ids -inf after it, the best k per request."""
+    r, w = cum.shape
+    logp = torch.log_softmax(logits.float(), -1)
+    logp[:, banned] = -math.inf
+    return (cum.reshape(-1, 1) + logp).view(r, -1).topk(k, -1)
+
+
+@pytest.mark.parametrize("r,w,hidden,vocab,k", [(1, 100, 64, 5000, 100), (3, 7, 64, 1281, 7), (2, 1, 96, 700, 40),
+                                                 (1, 4, 32, 129, 4)])
+def test_native_top_k_is_the_exact_top_k_of_the_log_probabilities(ops, r, w, hidden, vocab, k):
+    x, weight = _case(r * w + k, r * w, hidden, vocab)
+    packed = ops.pack_head_bf16(weight)
+    banned = [3, vocab - 1]
+    cum = torch.randn(r, w, generator=torch.Generator().manual_seed(9)) * 2 - 5
+    if w > 2:
+        cum[0, w - 2:] = -math.inf  # dead beams: never chosen while live continuations remain
+    scores, parents, tokens = native.beam_head_top(x, packed, vocab, torch.tensor(banned), cum, k)
+    logits = ops.head_logits_bf16(x, packed, vocab)
+    want, _ = _reference_top(logits, banned, cum, k)
+    assert scores.shape == parents.shape == tokens.shape == (r, k)
+    torch.testing.assert_close(scores, want, rtol=0, atol=2e-5)  # the same values, best first
+    assert (scores[:, :-1] >= scores[:, 1:]).all()
+    # each pick is the continuation its score says (ties may pick either of equal values)
+    logp = torch.log_softmax(logits.float(), -1).view(r, w, vocab)
+    again = cum.gather(1, parents) + logp[torch.arange(r)[:, None], parents, tokens]
+    torch.testing.assert_close(scores, again, rtol=0, atol=2e-5)
+    assert not torch.isin(tokens, torch.tensor(banned)).any()
+    for q in range(r):  # distinct continuations within a request
+        flat = (parents[q] * vocab + tokens[q]).tolist()
+        assert len(set(flat)) == k
+
+
+def test_native_top_k_of_only_dead_rows_is_minus_infinity(ops):
+    x, weight = _case(1, 4, 64, 600)
+    cum = torch.full((1, 4), -math.inf)
+    scores, _, _ = native.beam_head_top(x, ops.pack_head_bf16(weight), 600, torch.tensor([0]), cum, 4)
+    assert torch.isneginf(scores).all()
+
+
+def test_native_head_refuses_what_it_cannot_compute(ops):
+    x, weight = _case(2, 4, 64, 600)
+    packed = ops.pack_head_bf16(weight)
+    with pytest.raises(RuntimeError, match="packed weight does not match"):
+        ops.head_logits_bf16(x[:, :32].contiguous(), packed, 600)
+    with pytest.raises(RuntimeError, match="contiguous bf16"):
+        ops.head_logits_bf16(x.float(), packed, 600)
+    with pytest.raises(RuntimeError, match="cum must be float32"):
+        native.beam_head_top(x, packed, 600, torch.tensor([0]), torch.zeros(1, 3), 2)
+    with pytest.raises(RuntimeError, match="k must lie in"):
+        native.beam_head_top(x, packed, 600, torch.tensor([0]), torch.zeros(1, 4), 600)
+
+
+class _Fused:
+    """The two calls HiddenRows makes of its head (runtime/beam_head.BeamHead), on the ops."""
+
+    def __init__(self, ops, weight, banned):
+        self.ops, self.packed, self.vocab, self.banned = ops, ops.pack_head_bf16(weight), weight.shape[0], banned
+
+    def top(self, hidden, cum, k):
+        return native.beam_head_top(hidden.contiguous(), self.packed, self.vocab, self.banned, cum, k)
+
+    def logit_rows(self, hidden):
+        x = self.ops.head_logits_bf16(hidden.contiguous(), self.packed, self.vocab)
+        lse, block_max = head.logit_summary(x, head.ban_logits(x, self.banned), head.block_size(self.vocab))
+        return head.LogitRows(x[:, None], lse[:, None], block_max[:, None], head.block_size(self.vocab))
+
+
+def test_the_choice_of_beams_through_hidden_rows_is_the_one_through_logits(ops):
+    r, w, hidden, vocab = 3, 6, 64, 1024
+    x, weight = _case(5, r * w, hidden, vocab)
+    banned = torch.tensor([7])
+    fused = _Fused(ops, weight, banned)
+    rows = head.HiddenRows(x.view(r * w, 1, hidden), vocab, fused).view(r, w)
+    assert rows.shape == (r, w, vocab) and rows.requests(slice(0, 2)).shape == (2, w, vocab)
+    cum = torch.randn(r, w) - 3
+    nodes = torch.zeros(r, w, dtype=torch.int64)
+    put = torch.tensor
+    free = select.prepare_choice([None] * r, [w] * r, w, put)
+    got = select.next_beams(rows, cum, nodes, free)
+    want = select.next_beams(rows.materialise(), cum, nodes, free)
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=2e-5)
+    # a narrower request: its rows past its width are -inf either way
+    narrow = select.prepare_choice([None] * r, [w, 2, w], w, put)
+    got = select.next_beams(rows, cum, nodes, narrow)
+    assert torch.isneginf(got[0][1, 2:]).all() and torch.isfinite(got[0][1, :2]).all()
