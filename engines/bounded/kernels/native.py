@@ -7,7 +7,8 @@ the Python bounded::varlen_attention there: attention.py) and `varlen_attention_
 (the qkv projection as the GEMM gave it; the q/k norm and RoPE done inside). And the beam
 step's fused head (csrc/beam_head.cpp, called eagerly by runtime/beam_head.py): the head GEMM
 with its log-sum-exp and block maxima as its epilogue, then the exact top-k continuations,
-no [rows, V] logits written (`beam_head_top`). Built into
+no [rows, V] logits written (`beam_head_top`). And the bf16 MLP's SwiGLU (`swiglu_bf16`,
+csrc/swiglu.cpp: the graphs call it through kernels/dense.swiglu). Built into
 `$BOUNDED_BENCH_CACHE/native/<digest>/` (~30 s with g++), named by a digest of the sources
 and torch's version, so an edit or a new torch builds anew and a stale library never loads.
 Where it cannot be had -- no C++ compiler, a CPU without AVX512-BF16, a failed build --
@@ -29,7 +30,7 @@ from torch import Tensor
 from engines.hardware import cpu_flags
 from engines.server.venv import cache_dir
 
-SOURCES = tuple(Path(__file__).parent / "csrc" / name for name in ("varlen_attention.cpp", "beam_head.cpp"))
+SOURCES = tuple(Path(__file__).parent / "csrc" / name for name in ("varlen_attention.cpp", "beam_head.cpp", "swiglu.cpp"))
 
 # AVX-512 for the whole file, so ATen's Vectorized<float> (exp, max, bf16 conversion) is its
 # 512-bit implementation, not the portable one that loops over scalars: the library is only
@@ -98,7 +99,12 @@ def _load(log: Callable[[str], None]) -> Optional[str]:
     # its output's shape for torch.export (the graphs of the "native" attention call it)
     torch.library.register_fake("bounded_native::varlen_attention_bf16")(_fake_varlen_attention)
     torch.library.register_fake("bounded_native::varlen_attention_rope_bf16")(_fake_varlen_attention_rope)
+    torch.library.register_fake("bounded_native::swiglu_bf16")(_fake_swiglu)
     return None
+
+
+def _fake_swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    return gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2)
 
 
 def _fake_varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,

@@ -58,6 +58,7 @@ class CompileKey:
     code: str = field(default_factory=source_digest)  # the graph-defining sources
     inductor: str = ""  # Inductor settings the package was compiled with (json)
     attention: str = "per_sequence"  # the packed prefill's attention (kernels/attention.py)
+    native: bool = False  # the native CPU kernels were loaded (kernels/native.py): the graphs call them
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]

@@ -66,8 +66,9 @@ class CompiledRuntime:
         self.inductor = {**INDUCTOR_CONFIGS, **({"cpp.enable_kernel_profile": True} if kernel_profile else {})}
         self.model_dir, self.policy, self.log = Path(model_dir), policy, log
         self.device, self.requested = torch.device(device), compile_mode
-        # the native CPU attention (kernels/native.py) serves bf16; built here, not on a request
-        use_native = self.device.type == "cpu" and policy.dtype == "bfloat16" and native.load(log)
+        # the native CPU kernels (kernels/native.py: attention, SwiGLU, the beam head) serve bf16;
+        # built here, not on a request
+        self.native = use_native = self.device.type == "cpu" and policy.dtype == "bfloat16" and native.load(log)
         self.attention = attention_for(self.device, max_sequences, max_len, use_native) \
             if attention == "auto" else attention
         if self.attention == "native" and not use_native:
@@ -76,7 +77,7 @@ class CompiledRuntime:
         self.status: dict[str, Any] = {"compile": compile_mode, "compile_requested": compile_mode,
                                        "prefill_attention": self.attention}
         if self.device.type == "cpu":
-            self.status["native_attention"] = native.status()
+            self.status["native_kernels"] = native.status()
         self._model: Optional[DecoderModel] = None
         self._compiled: Optional[dict[str, Graph]] = None
 
@@ -107,7 +108,8 @@ class CompiledRuntime:
         return aot.CompileKey(name, fingerprint(self.model_dir), p.dtype, p.residual,
                               p.cache_tag(),
                               aot.device_tag(self.device), torch.__version__, shapes,
-                              inductor=json.dumps(self.inductor, sort_keys=True), attention=self.attention)
+                              inductor=json.dumps(self.inductor, sort_keys=True), attention=self.attention,
+                              native=self.native)
 
     def compile(self) -> dict[str, Any]:
         """Load every package, compiling those the cache lacks. -> the status."""

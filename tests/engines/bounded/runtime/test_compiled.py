@@ -156,8 +156,9 @@ def test_padded_attention_compiles_into_the_package(engine_factory):
 
 
 def test_bf16_package_calls_the_native_kernel_itself(engine_factory):
-    """Where the native kernel loads, a bf16 engine's package calls the C++ op with no Python
-    op between (prefill_attention auto -> native), and scores as the per-sequence one does."""
+    """Where the native kernels load, a bf16 engine's package calls the C++ ops with no Python
+    op between (prefill_attention auto -> native; the SwiGLU), and scores as the per-sequence
+    one does."""
     from engines.bounded.kernels import native
 
     if not native.load(log=lambda _: None):
@@ -166,6 +167,7 @@ def test_bf16_package_calls_the_native_kernel_itself(engine_factory):
     assert _status(auto)["prefill_attention"] == "native"
     text = _package_text(_package(auto)["package"])
     assert "bounded_native::varlen_attention_bf16" in text and "bounded::varlen_attention" not in text
+    assert "bounded_native::swiglu_bf16" in text  # the MLP's SwiGLU too (kernels/dense.swiglu)
     per_sequence = engine_factory("bfloat16", prefill_attention="per_sequence")
     reqs = _requests()
     for a, b in zip(asyncio.run(_gather(auto, reqs)), asyncio.run(_gather(per_sequence, reqs))):
