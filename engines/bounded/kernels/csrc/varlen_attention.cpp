@@ -172,11 +172,59 @@ void gemm_pairs(const BFloat16* a, int64_t lda, int64_t m, const uint32_t* b, in
   }
 }
 
-int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
-
-uint32_t pair(BFloat16 lo, BFloat16 hi) {
-  return static_cast<uint32_t>(lo.x) | (static_cast<uint32_t>(hi.x) << 16);
+// dst[p * ldd + j] = words[row[j] + p] for j < n, p < np: the [n, np] matrix of 32-bit words
+// whose row j starts at words + row[j], transposed. 16 rows at a time: one masked gather per
+// word column, one 64-byte store (a word-by-word transpose scatters 4-byte stores ldd apart).
+BF16_TARGET void transpose_words(const uint32_t* words, const int64_t* row, int64_t n, int64_t np, uint32_t* dst,
+                                 int64_t ldd) {
+  for (int64_t j0 = 0; j0 < n; j0 += 16) {
+    const __mmask16 m = lanes(j0, n);
+    alignas(64) int64_t idx[16] = {0};
+    for (int64_t l = 0; l < 16 && j0 + l < n; ++l) idx[l] = row[j0 + l];
+    const __m512i lo = _mm512_load_si512(idx), hi = _mm512_load_si512(idx + 8);
+    for (int64_t p = 0; p < np; ++p) {
+      const int* base = reinterpret_cast<const int*>(words + p);
+      const __m256i a = _mm512_mask_i64gather_epi32(_mm256_setzero_si256(), static_cast<__mmask8>(m), lo, base, 4);
+      const __m256i b = _mm512_mask_i64gather_epi32(_mm256_setzero_si256(), static_cast<__mmask8>(m >> 8), hi, base, 4);
+      _mm512_mask_storeu_epi32(dst + p * ldd + j0, m, _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1));
+    }
+  }
 }
+
+// dst[c] = (a[c], b[c]) as one 32-bit word for c < d (b nullptr: zeros); d % 16 == 0
+BF16_TARGET void interleave_rows(const BFloat16* a, const BFloat16* b, int64_t d, uint32_t* dst) {
+  alignas(64) static const uint16_t lo_idx[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                                  8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  alignas(64) static const uint16_t hi_idx[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+                                                  24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+  const __m512i il = _mm512_load_si512(lo_idx), ih = _mm512_load_si512(hi_idx);
+  int64_t c = 0;
+  for (; c + 32 <= d; c += 32) {
+    const __m512i x = _mm512_loadu_si512(a + c);
+    const __m512i y = b != nullptr ? _mm512_loadu_si512(b + c) : _mm512_setzero_si512();
+    _mm512_storeu_si512(dst + c, _mm512_permutex2var_epi16(x, il, y));
+    _mm512_storeu_si512(dst + c + 16, _mm512_permutex2var_epi16(x, ih, y));
+  }
+  for (; c < d; ++c) dst[c] = static_cast<uint32_t>(a[c].x) | (b != nullptr ? static_cast<uint32_t>(b[c].x) << 16 : 0u);
+}
+
+// out[0:d] = bf16(acc[0:d] * inv), rounded to nearest even (as ATen's convert); d % 16 == 0
+BF16_TARGET void normalise_row(const float* acc, float inv, int64_t d, BFloat16* out) {
+  const __m512 s = _mm512_set1_ps(inv);
+  for (int64_t c = 0; c < d; c += 16)
+    _mm256_storeu_si256((__m256i*)(out + c), (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(acc + c), s)));
+}
+
+// Rows of q/k/v lie a whole projection apart (~8 KB): the hardware prefetcher does not follow
+// them, and a row read cold stalled prep_row on its first load (2/3 of its time). So the rows
+// AHEAD of the one being read are requested early.
+constexpr int64_t AHEAD = 4;
+
+inline void prefetch_row(const BFloat16* row, int64_t d) {
+  for (int64_t b = 0; b < d * 2; b += 64) _mm_prefetch(reinterpret_cast<const char*>(row) + b, _MM_HINT_T0);
+}
+
+int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
 struct Scratch {
   std::vector<uint32_t> kt, vt;  // keys and values in pairs
@@ -193,20 +241,30 @@ void run_unit(const Unit& u, const Rows& x, const Prep& prep, BFloat16* out, int
   // once per unit, for all its blocks: K^T in pairs along d, kt[p * ldk + j] = (K[j][2p],
   // K[j][2p+1]); V in pairs along the keys, vt[p * d + c] = (V[2p][c], V[2p+1][c])
   w.kt.assign(d / 2 * ldk, 0u);
-  w.vt.assign(kpairs * d, 0u);
-  if (prep.cos != nullptr) w.kp.resize(d);
-  for (int64_t j = 0; j < keys; ++j) {
-    const BFloat16* kr = x.k + key_row(j) * x.ks + u.head * d;
-    if (prep.cos != nullptr) {
-      prep_row(kr, prep.kw, prep, prep.pos[key_row(j)], d, w.kp.data());
-      kr = w.kp.data();
+  w.vt.resize(kpairs * d);
+  // the keys' rows as 32-bit words (a pair of bf16 each): prepared (normed + rotated) into
+  // scratch first where the entry prepares them, else read where they lie
+  const uint32_t* kwords;
+  std::vector<int64_t> krow(keys);
+  if (prep.cos != nullptr) {
+    w.kp.resize(keys * d);
+    for (int64_t j = 0; j < keys; ++j) {
+      if (j + AHEAD < keys) prefetch_row(x.k + key_row(j + AHEAD) * x.ks + u.head * d, d);
+      prep_row(x.k + key_row(j) * x.ks + u.head * d, prep.kw, prep, prep.pos[key_row(j)], d, w.kp.data() + j * d);
+      krow[j] = j * d / 2;
     }
-    for (int64_t p = 0; p < d / 2; ++p) w.kt[p * ldk + j] = pair(kr[2 * p], kr[2 * p + 1]);
+    kwords = reinterpret_cast<const uint32_t*>(w.kp.data());
+  } else {
+    for (int64_t j = 0; j < keys; ++j) krow[j] = (key_row(j) * x.ks + u.head * d) / 2;
+    kwords = reinterpret_cast<const uint32_t*>(x.k);
   }
+  transpose_words(kwords, krow.data(), keys, d / 2, w.kt.data(), ldk);
   for (int64_t p = 0; p < kpairs; ++p) {
     const BFloat16* v0 = x.v + key_row(2 * p) * x.vs + u.head * d;
     const BFloat16* v1 = 2 * p + 1 < keys ? x.v + key_row(2 * p + 1) * x.vs + u.head * d : nullptr;
-    for (int64_t c = 0; c < d; ++c) w.vt[p * d + c] = pair(v0[c], v1 ? v1[c] : BFloat16(0.0f));
+    for (int64_t a = 2 * (p + AHEAD / 2); a < std::min(keys, 2 * (p + AHEAD / 2) + 2); ++a)
+      prefetch_row(x.v + key_row(a) * x.vs + u.head * d, d);
+    interleave_rows(v0, v1, d, w.vt.data() + p * d);
   }
   const int64_t rows = std::min<int64_t>(BLOCK, u.own1 - u.own0);
   w.scores.resize(rows * ldk);
@@ -223,7 +281,10 @@ void run_unit(const Unit& u, const Rows& x, const Prep& prep, BFloat16* out, int
       const BFloat16* qa = x.q + r0 * x.qs + h * d;
       int64_t lda = x.qs;
       if (prep.cos != nullptr) {  // each (row, head) of q is prepared once: its block is this unit's
-        for (int64_t r = 0; r < m; ++r) prep_row(qa + r * x.qs, prep.qw, prep, prep.pos[r0 + r], d, w.qp.data() + r * d);
+        for (int64_t r = 0; r < m; ++r) {
+          if (r + AHEAD < m) prefetch_row(qa + (r + AHEAD) * x.qs, d);
+          prep_row(qa + r * x.qs, prep.qw, prep, prep.pos[r0 + r], d, w.qp.data() + r * d);
+        }
         qa = w.qp.data();
         lda = d;
       }
@@ -233,12 +294,7 @@ void run_unit(const Unit& u, const Rows& x, const Prep& prep, BFloat16* out, int
         w.sums[r] = exp_row(w.scores.data() + r * ldk, valid, scale, w.probs.data() + r * width, width);
       }
       gemm_pairs(w.probs.data(), width, m, w.vt.data(), d, pairs, d, w.acc.data(), d);
-      for (int64_t r = 0; r < m; ++r) {
-        float* row = w.acc.data() + r * d;
-        const Vec inv(1.0f / w.sums[r]);
-        for (int64_t c = 0; c < d; c += Vec::size()) (Vec::loadu(row + c) * inv).store(row + c);  // d % 16 == 0
-        at::vec::convert(row, out + (r0 + r) * hq * d + h * d, d);
-      }
+      for (int64_t r = 0; r < m; ++r) normalise_row(w.acc.data() + r * d, 1.0f / w.sums[r], d, out + (r0 + r) * hq * d + h * d);
     }
   }
 }
