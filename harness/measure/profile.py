@@ -34,7 +34,8 @@ ATTENTION_NAMES = ("scaled_dot_product", "flash_attention", "varlen_attention", 
 FUSED = ("cpp_fused", "triton_")  # Inductor's generated kernels
 FUSED_ATTENTION = ("softmax", "amax")
 WRAPPERS = ("aten::matmul",)  # its children say what it was: mm (a GEMM) or bmm (attention)
-KERNEL_PREFIXES = ("aten::", "aoti_", "graph_", "mkldnn::", "onednn::", "quantized::", "prims::")  # and FUSED
+KERNEL_PREFIXES = ("aten::", "aoti_", "graph_", "mkldnn::", "onednn::", "quantized::", "prims::",
+                   "bounded_native::")  # and FUSED; the native ops not named above (the SwiGLU)
 
 
 def classify(name: str, context: Optional[str]) -> Optional[str]:

@@ -52,6 +52,7 @@ def test_events_are_claimed_once_by_the_first_class_that_claims_them():
              tree("bounded_native::head_choose_bf16", 0.75)),
         tree("aten::matmul", 6.0, tree("aten::mm", 6.0)),  # eager linear: a GEMM
         tree("some python range", 3.0, tree("aten::add", 0.25)),
+        tree("bounded_native::swiglu_bf16", 0.5),  # a native elementwise kernel
     ]
     # an op's worker thread: its events run inside the op's, on the model thread
     worker = [tree("aten::bmm", 3.0), tree("aten::softmax", 1.0)]
@@ -59,7 +60,7 @@ def test_events_are_claimed_once_by_the_first_class_that_claims_them():
         w.thread = 7
     got = classes.class_times(flatten(*roots) + worker)
     # the op claims its own children; the head's GEMM stays a GEMM; ranges and wrappers add nothing of their own
-    assert got == {"gemm": 24.0, "attention": 9.0, "norms_elementwise": 6.25, "head_selection": 5.25}
+    assert got == {"gemm": 24.0, "attention": 9.0, "norms_elementwise": 6.75, "head_selection": 5.25}
 
 
 def test_host_parts_split_the_rest_by_the_engines_stage_times():
