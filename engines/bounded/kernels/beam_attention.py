@@ -41,9 +41,10 @@ def shared_prefix_attention(q: Tensor, prompt_k: Tensor, prompt_v: Tensor, promp
     op, mp, lp = partial_softmax(sp, lambda e: torch.matmul(e, prompt_v))  # [R, Hkv, W*g, D|1]
     op, mp, lp = (t.reshape(r, hkv, w, g, -1).permute(0, 2, 1, 3, 4).reshape(r * w, hkv, g, -1)
                   for t in (op, mp, lp))  # -> [B, Hkv, g, D|1]
-    # suffix part: each beam against its own S slots
-    qs = qf.reshape(r * w, hkv, g, d)
-    ss = torch.matmul(qs, suffix_k.permute(0, 2, 3, 1)) + suffix_bias  # [B, Hkv, g, S]
-    os_, ms, ls = partial_softmax(ss, lambda e: torch.matmul(e, suffix_v.transpose(1, 2)))
+    # suffix part: each beam against its own S slots (S <= 6), as broadcast products and sums
+    # rather than B * Hkv matmuls of a few columns each: compiled, they fuse into one kernel
+    qs = qf.reshape(r * w, hkv, g, 1, d)
+    ss = (qs * suffix_k.permute(0, 2, 1, 3)[:, :, None]).sum(-1) + suffix_bias  # [B, Hkv, g, S]
+    os_, ms, ls = partial_softmax(ss, lambda e: (e[..., None] * suffix_v.permute(0, 2, 1, 3)[:, :, None]).sum(-2))
     out = merge_partials((op, mp, lp), (os_, ms, ls))  # [B, Hkv, g, D]
     return out.reshape(r * w, h * d).to(q.dtype)
