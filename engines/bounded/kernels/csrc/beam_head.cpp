@@ -42,7 +42,14 @@ constexpr int64_t PANEL = 16;   // vocabulary columns per packed panel (one vect
 constexpr int GROUP = 4;        // panels per micro-kernel call: 64 columns
 constexpr int MR = 6;           // rows per micro-kernel call
 constexpr int64_t CHUNK = 512;  // columns a thread computes for a block of rows, then summarises
-constexpr int64_t ROWS = 48;    // rows per block: ROWS x CHUNK float32 stay in L2
+constexpr int64_t ROWS = 120;   // rows per block at most: ROWS x CHUNK float32 (240 KB) stay in L2
+
+// rows per block for b rows: as even as whole micro-kernel calls allow (100 rows: one block,
+// not 48 + 48 + 4, whose last pass over the weight would feed 4 rows)
+int64_t block_rows(int64_t b) {
+  const int64_t blocks = (b + ROWS - 1) / ROWS, per = (b + blocks - 1) / blocks;
+  return std::min(ROWS, (per + MR - 1) / MR * MR);
+}
 
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 
@@ -194,11 +201,12 @@ at::Tensor head_logits_bf16(const at::Tensor& hidden, const at::Tensor& packed, 
   at::Tensor out = at::empty({b, vocab}, hidden.options());
   const BFloat16* h = hidden.data_ptr<BFloat16>();
   BFloat16* o = out.data_ptr<BFloat16>();
+  const int64_t step = block_rows(b);
   at::parallel_for(0, cols / CHUNK, 1, [&](int64_t c_begin, int64_t c_end) {
-    std::vector<float> buf(ROWS * CHUNK);
+    std::vector<float> buf(step * CHUNK);
     for (int64_t c = c_begin; c < c_end; ++c)
-      for (int64_t r0 = 0; r0 < b; r0 += ROWS) {
-        const int64_t rows = std::min(ROWS, b - r0), n = std::min(CHUNK, vocab - c * CHUNK);
+      for (int64_t r0 = 0; r0 < b; r0 += step) {
+        const int64_t rows = std::min(step, b - r0), n = std::min(CHUNK, vocab - c * CHUNK);
         chunk_logits(h + r0 * kdim, rows, kdim, packed.data_ptr<BFloat16>(), c * CHUNK, buf.data());
         for (int64_t r = 0; r < rows; ++r)
           for (int64_t j = 0; j < n; ++j) o[(r0 + r) * vocab + c * CHUNK + j] = BFloat16(buf[r * CHUNK + j]);
@@ -242,12 +250,13 @@ std::tuple<at::Tensor, at::Tensor> head_gemm_summary_bf16(const at::Tensor& hidd
   // each thread summarises its share of the chunks for every row, merged after
   const int threads = at::get_num_threads();
   std::vector<std::vector<RowSum>> sums(threads, std::vector<RowSum>(b));
+  const int64_t step = block_rows(b);
   at::parallel_for(0, chunks, 1, [&](int64_t c_begin, int64_t c_end) {
     auto& mine = sums[at::get_thread_num()];
-    std::vector<float> buf(ROWS * CHUNK);
+    std::vector<float> buf(step * CHUNK);
     for (int64_t c = c_begin; c < c_end; ++c)
-      for (int64_t r0 = 0; r0 < b; r0 += ROWS) {
-        const int64_t rows = std::min(ROWS, b - r0), n = std::min(CHUNK, vocab - c * CHUNK);
+      for (int64_t r0 = 0; r0 < b; r0 += step) {
+        const int64_t rows = std::min(step, b - r0), n = std::min(CHUNK, vocab - c * CHUNK);
         chunk_logits(h + r0 * kdim, rows, kdim, pk, c * CHUNK, buf.data());
         for (int64_t r = 0; r < rows; ++r)
           summarise(buf.data() + r * CHUNK, n, c * CHUNK, mine[r0 + r], bp, nbanned, bm + (r0 + r) * nb + c * (CHUNK / BLK));
