@@ -18,15 +18,27 @@
 // the contraction, the layout of the dot-product instruction; the micro-kernel is 6 rows x
 // 64 columns. head_logits_bf16 writes the same logits, value for value (a choice that reads
 // logits: an item trie; tests).
+//
+// On a CPU with AMX (and the kernel's leave to use it: amx_permitted) the same panels are AMX
+// tiles' B operand as they stand -- 16 pairs of K by 16 columns, 64-byte rows -- and the
+// logits come from tile dot products (a 32 x 32 block per call, 16-row tiles; rows padded with
+// zeros to whole tiles) instead: about five times the rate, so the GEMM streams the weight at
+// memory speed. Every logit is summed over K in the same order whatever the rows or the
+// block, in both forms, so the choice's recomputed blocks are the summary's values exactly;
+// which form serves is fixed per process (use_amx).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
 
 #include <immintrin.h>
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -37,6 +49,7 @@ using at::BFloat16;
 using Vec = at::vec::Vectorized<float>;
 
 #define HEAD_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+#define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 
 constexpr int64_t PANEL = 16;   // vocabulary columns per packed panel (one vector)
 constexpr int GROUP = 4;        // panels per micro-kernel call: 64 columns
@@ -103,6 +116,158 @@ HEAD_TARGET void chunk_logits(const BFloat16* hidden, int64_t rows, int64_t kdim
     }
   }
 }
+
+// --- the AMX form -----------------------------------------------------------------------
+
+// AMX-BF16 and AMX-TILE (CPUID leaf 7, EDX bits 22 and 24) and Linux's leave for this process
+// to use the tile data (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA); BOUNDED_HEAD_AMX=0
+// keeps the AVX512-BF16 form (to compare the two).
+bool amx_permitted() {
+  static const bool ok = [] {
+    const char* env = std::getenv("BOUNDED_HEAD_AMX");
+    if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((d >> 22) & 1u) || !((d >> 24) & 1u)) return false;
+    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+  }();
+  return ok;
+}
+
+constexpr int64_t KT = 32;        // K per tile step: 16 pairs, a 64-byte tile row
+constexpr int64_t TILE_ROWS = 16;
+
+// the AMX form serves a contraction of whole tile steps
+bool use_amx(int64_t kdim) { return kdim % KT == 0 && amx_permitted(); }
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// tiles 0-3 the sums (m rows x 16 float32), 4-5 the rows of hidden (m x 32 bf16), 6-7 two
+// panels (16 pairs x 16 columns)
+AMX_TARGET void configure_tiles(int m) {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = static_cast<uint8_t>(t < 6 ? m : TILE_ROWS);
+  }
+  // the whole 64 bytes as the operand (the intrinsic names only its first 8, and the compiler
+  // may then drop the stores of the rest)
+  asm volatile("ldtilecfg %0" ::"m"(cfg));
+}
+
+// c[RT tiles of rows, 32 columns] (ldc floats, not rounded) = a (RT x m rows, lda apart)
+// x the 2 panels at b (`panel` apart), over kt steps of KT
+template <int RT>
+AMX_TARGET void amx_block(const BFloat16* a, int64_t lda, const BFloat16* b, int64_t panel, int64_t kt, float* c,
+                          int64_t ldc) {
+  _tile_zero(0);
+  _tile_zero(1);
+  if (RT == 2) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  for (int64_t t = 0; t < kt; ++t) {
+    _tile_loadd(6, b + t * KT * PANEL, 2 * PANEL * sizeof(BFloat16));
+    _tile_loadd(7, b + panel + t * KT * PANEL, 2 * PANEL * sizeof(BFloat16));
+    _tile_loadd(4, a + t * KT, lda * sizeof(BFloat16));
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    if (RT == 2) {
+      _tile_loadd(5, a + TILE_ROWS * lda + t * KT, lda * sizeof(BFloat16));
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, c, ldc * sizeof(float));
+  _tile_stored(1, c + PANEL, ldc * sizeof(float));
+  if (RT == 2) {
+    _tile_stored(2, c + TILE_ROWS * ldc, ldc * sizeof(float));
+    _tile_stored(3, c + TILE_ROWS * ldc + PANEL, ldc * sizeof(float));
+  }
+}
+
+// x[0:n] = bf16(x[0:n]), in float32
+HEAD_TARGET void round_row(float* x, int64_t n) {
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = lanes(j, n);
+    _mm512_mask_storeu_ps(x + j, m, round_bf16(_mm512_maskz_loadu_ps(m, x + j)));
+  }
+}
+
+// As chunk_logits, from tiles (configured for 16 rows): `rows` a multiple of 16 (hidden padded).
+AMX_TARGET void chunk_logits_amx(const BFloat16* hidden, int64_t rows, int64_t kdim, const BFloat16* packed, int64_t c0,
+                                 float* buf) {
+  const int64_t panel = kdim / 2 * 2 * PANEL;
+  for (int64_t col = 0; col < CHUNK; col += 2 * PANEL) {
+    const BFloat16* b = packed + (c0 + col) / PANEL * panel;
+    int64_t r = 0;
+    for (; r + 2 * TILE_ROWS <= rows; r += 2 * TILE_ROWS)
+      amx_block<2>(hidden + r * kdim, kdim, b, panel, kdim / KT, buf + r * CHUNK + col, CHUNK);
+    if (r < rows) amx_block<1>(hidden + r * kdim, kdim, b, panel, kdim / KT, buf + r * CHUNK + col, CHUNK);
+  }
+  for (int64_t r = 0; r < rows; ++r) round_row(buf + r * CHUNK, CHUNK);
+}
+
+// One row's logits at columns [c0, c0 + n) (n a multiple of 32) into x, from tiles configured
+// for 1 row: the values chunk_logits_amx gives that row.
+AMX_TARGET void row_logits_amx(const BFloat16* row, int64_t kdim, const BFloat16* packed, int64_t c0, int64_t n,
+                               float* x) {
+  const int64_t panel = kdim / 2 * 2 * PANEL;
+  for (int64_t col = 0; col < n; col += 2 * PANEL)
+    amx_block<1>(row, kdim, packed + (c0 + col) / PANEL * panel, panel, kdim / KT, x + col, n);
+  round_row(x, n);
+}
+
+AMX_TARGET void release_tiles() { _tile_release(); }
+
+// The form that computes a call's logits: hidden rows as given (AVX512-BF16), or copied into
+// whole 16-row tiles (AMX), the thread's tiles configured while it lives.
+struct Logits {
+  bool amx;
+  at::Tensor padded;  // AMX: hidden with zero rows to a multiple of 16
+  const BFloat16* h;
+  int64_t rows, kdim, step;  // rows per block of the chunk loop
+
+  Logits(const at::Tensor& hidden) : amx(use_amx(hidden.size(1))), rows(hidden.size(0)), kdim(hidden.size(1)) {
+    if (amx) {
+      const int64_t tiles = (rows + TILE_ROWS - 1) / TILE_ROWS;
+      padded = at::zeros({tiles * TILE_ROWS, kdim}, hidden.options());
+      padded.narrow(0, 0, rows).copy_(hidden);
+      h = padded.data_ptr<BFloat16>();
+      // blocks of at most 112 rows (7 tiles: 112 x CHUNK float32 stay in L2), as even as tiles allow
+      const int64_t most = 7 * TILE_ROWS, blocks = (rows + most - 1) / most, per = (rows + blocks - 1) / blocks;
+      step = (per + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS;
+    } else {
+      h = hidden.data_ptr<BFloat16>();
+      step = block_rows(rows);
+    }
+  }
+  // buf[n, CHUNK] = the logits of rows [r0, r0 + n) at [c0, c0 + CHUNK); n <= step
+  void chunk(int64_t r0, int64_t n, const BFloat16* packed, int64_t c0, float* buf) const {
+    if (amx)
+      chunk_logits_amx(h + r0 * kdim, (n + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS, kdim, packed, c0, buf);
+    else
+      chunk_logits(h + r0 * kdim, n, kdim, packed, c0, buf);
+  }
+  // a buffer for `chunk`: whole tiles of rows
+  int64_t buffer_rows() const { return amx ? (step + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS : step; }
+};
+
+// While a thread computes with tiles: configured on entry, released on exit.
+struct Tiles {
+  bool on;
+  Tiles(bool amx, int m) : on(amx) {
+    if (on) configure_tiles(m);
+  }
+  ~Tiles() {
+    if (on) release_tiles();
+  }
+};
 
 constexpr int64_t BLK = 128;  // tokens per block: the first stage of the choice ranks blocks by their best
 
@@ -197,17 +362,18 @@ at::Tensor pack_head_bf16(const at::Tensor& weight) {
 // The logits [B, vocab] bf16, exactly as head_gemm_summary_bf16 and head_choose_bf16 see them.
 at::Tensor head_logits_bf16(const at::Tensor& hidden, const at::Tensor& packed, int64_t vocab) {
   check_inputs(hidden, packed, vocab);
-  const int64_t b = hidden.size(0), kdim = hidden.size(1), cols = padded_columns(vocab);
+  const int64_t b = hidden.size(0), cols = padded_columns(vocab);
   at::Tensor out = at::empty({b, vocab}, hidden.options());
-  const BFloat16* h = hidden.data_ptr<BFloat16>();
   BFloat16* o = out.data_ptr<BFloat16>();
-  const int64_t step = block_rows(b);
+  const Logits logits(hidden);
+  const int64_t step = logits.step;
   at::parallel_for(0, cols / CHUNK, 1, [&](int64_t c_begin, int64_t c_end) {
-    std::vector<float> buf(step * CHUNK);
+    const Tiles tiles(logits.amx, TILE_ROWS);
+    std::vector<float> buf(logits.buffer_rows() * CHUNK);
     for (int64_t c = c_begin; c < c_end; ++c)
       for (int64_t r0 = 0; r0 < b; r0 += step) {
         const int64_t rows = std::min(step, b - r0), n = std::min(CHUNK, vocab - c * CHUNK);
-        chunk_logits(h + r0 * kdim, rows, kdim, packed.data_ptr<BFloat16>(), c * CHUNK, buf.data());
+        logits.chunk(r0, rows, packed.data_ptr<BFloat16>(), c * CHUNK, buf.data());
         for (int64_t r = 0; r < rows; ++r)
           for (int64_t j = 0; j < n; ++j) o[(r0 + r) * vocab + c * CHUNK + j] = BFloat16(buf[r * CHUNK + j]);
       }
@@ -239,9 +405,8 @@ std::tuple<at::Tensor, at::Tensor> head_gemm_summary_bf16(const at::Tensor& hidd
                                                           int64_t vocab, const at::Tensor& banned) {
   check_inputs(hidden, packed, vocab);
   const at::Tensor ban = banned_ids(banned);
-  const int64_t nbanned = ban.numel(), b = hidden.size(0), kdim = hidden.size(1);
+  const int64_t nbanned = ban.numel(), b = hidden.size(0);
   const int64_t* bp = ban.data_ptr<int64_t>();
-  const BFloat16* h = hidden.data_ptr<BFloat16>();
   const BFloat16* pk = packed.data_ptr<BFloat16>();
   const int64_t chunks = padded_columns(vocab) / CHUNK, nb = (vocab + BLK - 1) / BLK;
   at::Tensor lse = at::empty({b}, hidden.options().dtype(at::kFloat));
@@ -250,14 +415,16 @@ std::tuple<at::Tensor, at::Tensor> head_gemm_summary_bf16(const at::Tensor& hidd
   // each thread summarises its share of the chunks for every row, merged after
   const int threads = at::get_num_threads();
   std::vector<std::vector<RowSum>> sums(threads, std::vector<RowSum>(b));
-  const int64_t step = block_rows(b);
+  const Logits logits(hidden);
+  const int64_t step = logits.step;
   at::parallel_for(0, chunks, 1, [&](int64_t c_begin, int64_t c_end) {
+    const Tiles tiles(logits.amx, TILE_ROWS);
     auto& mine = sums[at::get_thread_num()];
-    std::vector<float> buf(step * CHUNK);
+    std::vector<float> buf(logits.buffer_rows() * CHUNK);
     for (int64_t c = c_begin; c < c_end; ++c)
       for (int64_t r0 = 0; r0 < b; r0 += step) {
         const int64_t rows = std::min(step, b - r0), n = std::min(CHUNK, vocab - c * CHUNK);
-        chunk_logits(h + r0 * kdim, rows, kdim, pk, c * CHUNK, buf.data());
+        logits.chunk(r0, rows, pk, c * CHUNK, buf.data());
         for (int64_t r = 0; r < rows; ++r)
           summarise(buf.data() + r * CHUNK, n, c * CHUNK, mine[r0 + r], bp, nbanned, bm + (r0 + r) * nb + c * (CHUNK / BLK));
       }
@@ -307,7 +474,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> head_choose_bf16(const at::Tensor
   float* sp = scores.data_ptr<float>();
   int64_t* pp = parents.data_ptr<int64_t>();
   int64_t* tp = tokens.data_ptr<int64_t>();
+  const bool amx = use_amx(kdim);
   at::parallel_for(0, nreq, 1, [&](int64_t q0, int64_t q1) {
+    const Tiles tiles(amx, 1);
     std::vector<Scored> blocks, cand;
     alignas(64) float x[BLK];
     for (int64_t q = q0; q < q1; ++q) {
@@ -343,8 +512,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> head_choose_bf16(const at::Tensor
       for (int64_t t = 0; t < nbest; ++t) {
         const int64_t i = blocks[t].row, row = q * w + i, c0 = blocks[t].token * BLK;
         const int64_t n = std::min(BLK, vocab - c0);
-        for (int64_t col = 0; col < BLK; col += GROUP * PANEL)
-          micro<1>(h + row * kdim, kdim, pk + (c0 + col) / PANEL * panel, panel, kdim / 2, x + col, BLK);
+        if (amx)
+          row_logits_amx(h + row * kdim, kdim, pk, c0, BLK, x);
+        else
+          for (int64_t col = 0; col < BLK; col += GROUP * PANEL)
+            micro<1>(h + row * kdim, kdim, pk + (c0 + col) / PANEL * panel, panel, kdim / 2, x + col, BLK);
         for (int64_t e = 0; e < nbanned; ++e)
           if (bp[e] >= c0 && bp[e] < c0 + n) x[bp[e] - c0] = NEG_INF;
         const float c = cp[row], l = lse[row];
@@ -366,6 +538,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> head_choose_bf16(const at::Tensor
 
 TORCH_LIBRARY_FRAGMENT(bounded_native, m) {
   m.def("pack_head_bf16(Tensor weight) -> Tensor");
+  m.def("head_uses_amx(int hidden) -> bool", [](int64_t hidden) { return use_amx(hidden); });
   m.def("head_logits_bf16(Tensor hidden, Tensor packed, int vocab) -> Tensor");
   m.def("head_gemm_summary_bf16(Tensor hidden, Tensor packed, int vocab, Tensor banned) -> (Tensor, Tensor)");
   m.def("head_choose_bf16(Tensor hidden, Tensor packed, int vocab, Tensor banned, Tensor lse, Tensor block_max, "
