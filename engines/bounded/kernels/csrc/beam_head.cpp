@@ -199,7 +199,9 @@ HEAD_TARGET void round_row(float* x, int64_t n) {
   }
 }
 
-// As chunk_logits, from tiles (configured for 16 rows): `rows` a multiple of 16 (hidden padded).
+// As chunk_logits, from tiles (configured for 16 rows): `rows` a multiple of 16 (hidden
+// padded); the sums not yet rounded to bf16 (their readers round them: summarise, and the
+// bf16 conversion in head_logits_bf16).
 AMX_TARGET void chunk_logits_amx(const BFloat16* hidden, int64_t rows, int64_t kdim, const BFloat16* packed, int64_t c0,
                                  float* buf) {
   const int64_t panel = kdim / 2 * 2 * PANEL;
@@ -210,7 +212,6 @@ AMX_TARGET void chunk_logits_amx(const BFloat16* hidden, int64_t rows, int64_t k
       amx_block<2>(hidden + r * kdim, kdim, b, panel, kdim / KT, buf + r * CHUNK + col, CHUNK);
     if (r < rows) amx_block<1>(hidden + r * kdim, kdim, b, panel, kdim / KT, buf + r * CHUNK + col, CHUNK);
   }
-  for (int64_t r = 0; r < rows; ++r) round_row(buf + r * CHUNK, CHUNK);
 }
 
 // One row's logits at columns [c0, c0 + n) (n a multiple of 32) into x, from tiles configured
@@ -275,53 +276,52 @@ struct RowSum {  // one row's log-sum-exp so far, in one thread's share: m + log
   float m = NEG_INF, s = 0.0f;
 };
 
-// sum(exp(x[0:n] - ref)) (masked lanes add nothing) and max(x[0:n]).
-HEAD_TARGET float exp_sum(const float* x, int64_t n, float ref, float* max_out) {
+// One pass over a chunk row's n logits, each rounded to bf16 as it is read (a no-op where the
+// AVX512-BF16 form stored them rounded): the sum of exp(x - ref) into *sum, the largest of
+// each BLK tokens (the last block may be short) into bmax, unless `sum` is null; -> the
+// largest of all.
+HEAD_TARGET float exp_sum_blocks(const float* x, int64_t n, float ref, float* sum, float* bmax) {
   const Vec vref(ref);
-  __m512 vmax = _mm512_set1_ps(NEG_INF), vsum = _mm512_setzero_ps();
-  int64_t j = 0;
-  for (; j + 16 <= n; j += 16) {
-    const __m512 v = _mm512_loadu_ps(x + j);
-    vmax = _mm512_max_ps(vmax, v);
-    vsum = _mm512_add_ps(vsum, (Vec(v) - vref).exp_u20());
-  }
-  if (j < n) {
-    const __mmask16 m = lanes(j, n);
-    const __m512 v = _mm512_maskz_loadu_ps(m, x + j);
-    vmax = _mm512_mask_max_ps(vmax, m, vmax, v);
-    vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(m, (Vec(v) - vref).exp_u20()));
-  }
-  *max_out = _mm512_reduce_max_ps(vmax);
-  return _mm512_reduce_add_ps(vsum);
-}
-
-// The largest of each BLK tokens of x[0:n] (the last block may be short) into out.
-HEAD_TARGET void block_max(const float* x, int64_t n, float* out) {
+  __m512 vsum = _mm512_setzero_ps();
+  float most = NEG_INF;
   for (int64_t b0 = 0; b0 < n; b0 += BLK) {
     __m512 vmax = _mm512_set1_ps(NEG_INF);
     const int64_t end = std::min(n, b0 + BLK);
-    for (int64_t j = b0; j < end; j += 16) vmax = _mm512_mask_max_ps(vmax, lanes(j, end), vmax, _mm512_loadu_ps(x + j));
-    out[b0 / BLK] = _mm512_reduce_max_ps(vmax);
+    for (int64_t j = b0; j < end; j += 16) {
+      const __mmask16 m = lanes(j, end);
+      const __m512 v = round_bf16(_mm512_maskz_loadu_ps(m, x + j));
+      vmax = _mm512_mask_max_ps(vmax, m, vmax, v);
+      if (sum != nullptr) vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(m, (Vec(v) - vref).exp_u20()));
+    }
+    const float block = _mm512_reduce_max_ps(vmax);
+    if (bmax != nullptr) bmax[b0 / BLK] = block;
+    most = std::max(most, block);
   }
+  if (sum != nullptr) *sum = _mm512_reduce_add_ps(vsum);
+  return most;
 }
 
 // Fold one row's n logits of a chunk starting at token c0 into its sum -- against the row's
 // reference, its first chunk's maximum, moved only where a later chunk exceeds it by enough
-// to overflow -- then set its banned tokens to -inf and write its blocks' maxima.
+// to overflow -- and write its blocks' maxima, the banned tokens -inf.
 HEAD_TARGET void summarise(float* x, int64_t n, int64_t c0, RowSum& st, const int64_t* banned, int64_t nbanned,
                            float* bmax) {
-  float mc;
-  if (st.m == NEG_INF) exp_sum(x, n, 0.0f, &st.m);
-  float sc = exp_sum(x, n, st.m, &mc);
+  if (st.m == NEG_INF) st.m = exp_sum_blocks(x, n, 0.0f, nullptr, nullptr);
+  float sc;
+  const float mc = exp_sum_blocks(x, n, st.m, &sc, bmax);
   if (mc > st.m + 64.0f) {  // e^64 x V stays far below float32's range; past it, rescale
     st.s *= std::exp(st.m - mc);
     st.m = mc;
-    sc = exp_sum(x, n, st.m, &mc);
+    exp_sum_blocks(x, n, st.m, &sc, nullptr);
   }
   st.s += sc;
+  bool any = false;  // the log-softmax normalises over the banned tokens; the choice never takes them
   for (int64_t e = 0; e < nbanned; ++e)
-    if (banned[e] >= c0 && banned[e] < c0 + n) x[banned[e] - c0] = NEG_INF;
-  block_max(x, n, bmax);
+    if (banned[e] >= c0 && banned[e] < c0 + n) {
+      x[banned[e] - c0] = NEG_INF;
+      any = true;
+    }
+  if (any) exp_sum_blocks(x, n, 0.0f, nullptr, bmax);
 }
 
 void check_inputs(const at::Tensor& hidden, const at::Tensor& packed, int64_t vocab) {
