@@ -23,11 +23,24 @@ from engines.bounded.model.precision import PrecisionPolicy
 from engines.bounded.model.weights import fingerprint
 from engines.bounded.runtime import aot
 from engines.bounded.runtime.export import Export
+from engines.hardware import cpu_flags
 
 # freezing: the weights become constants of the package, prepacked for oneDNN (+3-5 % on
 # prefill-sized GEMMs; the M = W row GEMMs of a beam step ~20 % faster than aten's
 # plain-layout matmul on this CPU)
 INDUCTOR_CONFIGS: dict[str, Any] = {"freezing": True}
+
+
+def unfrozen_for_prefill(device: torch.device, policy: PrecisionPolicy) -> bool:
+    """Compile a prefill-sized (M >= ~1,000 token rows) package without freezing? On a CPU
+    with AMX in a plan of dense bf16 GEMMs: there the frozen graph's oneDNN inner product on
+    the prepacked constants runs ~1.6x slower than oneDNN's matmul on the plain weights the
+    unfrozen graph passes (ONEDNN_VERBOSE, the same brg_matmul AMX kernel: prefill_15's
+    GEMMs 1,180 vs 740 ms a request; 28 qwen3-0.6b layers at 1,440 tokens, 1,360 vs 770 ms),
+    while at the beam step's 100 rows freezing stays ahead (100 vs 115 ms). int8 groups need
+    freezing (it lowers them to oneDNN's qlinear); without AMX freezing is the faster form."""
+    return (device.type == "cpu" and policy.dtype == "bfloat16" and not policy.low_precision_groups()
+            and "amx_bf16" in cpu_flags())
 
 Graph = Callable[..., Any]
 

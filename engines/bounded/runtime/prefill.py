@@ -19,7 +19,7 @@ from engines.bounded.programs.prefill import ScorePrefill
 from engines.bounded.runtime import export
 from engines.bounded.runtime.buffers import PackBuffers, PackedBatch
 from engines.bounded.model.families import read_model_config
-from engines.bounded.runtime.compiled import CompiledRuntime, Graph, threads_for
+from engines.bounded.runtime.compiled import CompiledRuntime, Graph, threads_for, unfrozen_for_prefill
 
 PROGRAM = "score_prefill"  # the package name (runtime.export)
 
@@ -31,6 +31,8 @@ class PrefillRuntime(CompiledRuntime):
         super().__init__(model_dir, policy, device, compile_mode, log, attention, max_len=plan.max_len,
                          kernel_profile=kernel_profile)
         self.plan = plan
+        if unfrozen_for_prefill(self.device, policy):
+            self.inductor = {**self.inductor, "freezing": False}
         self.buffers: Optional[PackBuffers] = None
         self._graph: Optional[Graph] = None
 
