@@ -74,3 +74,18 @@ def test_build_copies_of_a_package_are_dropped_from_inductors_cache(tmp_path, mo
     assert aot.drop_build_copies(package, logged.append) == 0  # nothing left to free
     assert aot.drop_build_copies(tmp_path / "missing.pt2", logged.append) == 0
     assert "left Inductor's build files in place" in logged[-1]
+
+
+def test_prefill_packages_are_unfrozen_only_for_dense_bf16_on_amx(monkeypatch):
+    import torch
+
+    from engines.bounded.model.precision import PrecisionPolicy
+    from engines.bounded.runtime import compiled
+
+    cpu, bf16 = torch.device("cpu"), PrecisionPolicy("bfloat16")
+    monkeypatch.setattr(compiled, "cpu_flags", lambda: frozenset({"avx512_bf16", "amx_bf16"}))
+    assert compiled.unfrozen_for_prefill(cpu, bf16)
+    assert not compiled.unfrozen_for_prefill(cpu, PrecisionPolicy("bfloat16", gemm={"gate_up": "int8"}))  # qlinear needs freezing
+    assert not compiled.unfrozen_for_prefill(cpu, PrecisionPolicy("float32"))
+    monkeypatch.setattr(compiled, "cpu_flags", lambda: frozenset({"avx512_bf16"}))  # Zen 4: freezing is faster
+    assert not compiled.unfrozen_for_prefill(cpu, bf16)
