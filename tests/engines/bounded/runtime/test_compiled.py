@@ -84,8 +84,14 @@ def test_compile_once_then_load_and_recompile_on_key_change(engine_factory, cach
     assert _package(bf16)["compiled_now"] is True
     assert _package(bf16)["package"] != d["package"]
     assert len(list(cache.glob("compiled/*.pt2"))) == 2
-    if torch.ops.mkldnn._is_mkldnn_bf16_supported():  # the layers' GEMMs use prepacked oneDNN weights
-        assert "aoti_torch_cpu__linear_pointwise" in _extern_calls(_package(bf16)["package"])
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        from engines.bounded.model.precision import PrecisionPolicy
+        from engines.bounded.runtime.compiled import unfrozen_for_prefill
+        calls = _extern_calls(_package(bf16)["package"])
+        if unfrozen_for_prefill(torch.device("cpu"), PrecisionPolicy("bfloat16")):  # AMX: plain weights, oneDNN's matmul
+            assert "aoti_torch_cpu_mm_out" in calls and "aoti_torch_cpu__linear_pointwise" not in calls, calls
+        else:  # the layers' GEMMs use prepacked oneDNN weights
+            assert "aoti_torch_cpu__linear_pointwise" in calls, calls
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN is not built into this torch")
