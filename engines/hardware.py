@@ -8,6 +8,7 @@ tells native from emulated bf16, so the CPU's flags are read instead.
 """
 from __future__ import annotations
 
+import functools
 import platform
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,14 +79,35 @@ def cpu_name() -> str:
     return platform.processor() or "cpu"
 
 
-def cpu_flags() -> frozenset[str]:
+@functools.lru_cache(maxsize=1)
+def all_cpu_flags() -> frozenset[str]:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
-                return frozenset(line.split(":", 1)[1].split()) & frozenset(PRECISION_FLAGS)
+                return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
     return frozenset()
+
+
+def cpu_flags() -> frozenset[str]:
+    return all_cpu_flags() & frozenset(PRECISION_FLAGS)
+
+
+def onednn_int8_exact() -> bool:
+    """Whether oneDNN's u8 x s8 int8 linear gives exact integer sums on this CPU: with VNNI
+    or AMX it does; without them (an AVX2-only CPU such as AMD Zen 3) it pairs products into
+    saturating 16-bit sums (vpmaddubsw), and activations near the zero point 128 overflow
+    them (measured on Zen 3: errors of 13 on outputs of magnitude 44)."""
+    return Capabilities("cpu", "", cpu_flags()).int8_isa is not None
+
+
+def onednn_packs_bf16() -> bool:
+    """Whether oneDNN's bf16 weight prepack (`mkldnn._reorder_linear_weight`) runs on this
+    CPU: it needs AVX512BW/VL/DQ or AVX-NE-CONVERT, and raises elsewhere (an AVX2-only CPU
+    such as AMD Zen 3), where bf16 GEMMs stay aten's matmul."""
+    flags = all_cpu_flags()
+    return {"avx512bw", "avx512vl", "avx512dq"} <= flags or "avx_ne_convert" in flags
 
 
 def probe(device: str = "cpu") -> Capabilities:

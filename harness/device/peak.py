@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from engines.hardware import FLOAT_DTYPES, Capabilities, probe
+from engines.hardware import FLOAT_DTYPES, Capabilities, onednn_packs_bf16, probe
 from harness.workload.presets import PRESETS, cache_root
 
 PRECISIONS = (*FLOAT_DTYPES, "int8")
@@ -86,7 +86,7 @@ def float_gemms(dtype: str, m: int, k: int, n: int) -> list[Callable[[], object]
     dt = getattr(torch, dtype)
     x, w = torch.randn(m, k, dtype=dt), torch.randn(n, k, dtype=dt)
     fns = [lambda: torch.mm(x, w.t())]
-    if dtype == "bfloat16" and torch.backends.mkldnn.is_available():
+    if dtype == "bfloat16" and torch.backends.mkldnn.is_available() and onednn_packs_bf16():
         packed = torch.ops.mkldnn._reorder_linear_weight(w, m)
         fns.append(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""))
     return fns

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from engines.base import BeamRequest
+from engines.hardware import onednn_packs_bf16
 from engines.registry import create_engine
 from harness.device.peak import device_peaks
 from harness.measure.flops import ModelShape, model_shape
@@ -237,7 +238,7 @@ def _isolated_rate(m: int, k: int, o: int, dtype: str) -> float:
     dt = getattr(torch, dtype)
     x, w = torch.randn(m, k, dtype=dt), torch.randn(o, k, dtype=dt)
     with torch.inference_mode():
-        if dt != torch.float32 and torch.backends.mkldnn.is_available():
+        if dt != torch.float32 and torch.backends.mkldnn.is_available() and onednn_packs_bf16():
             packed = torch.ops.mkldnn._reorder_linear_weight(w, m)
             call = lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")  # noqa: E731
         else:

@@ -18,13 +18,15 @@ import torch
 from torch import Tensor
 
 from engines.bounded.kernels import int8
+from engines.hardware import onednn_packs_bf16
 
 
 def prepack_head(weight: Tensor, rows: int) -> Optional[Tensor]:
     """The head weight [V, hidden] prepacked for oneDNN, where that is the faster GEMM: a
     CPU, bfloat16. Measured here (2 cores, AVX-512 bf16): 66 ms vs 79 ms for aten's mm at
     100 rows, but 295 vs 271 ms at 400 rows, so `head_logits` uses it up to PACKED_MAX_ROWS."""
-    if weight.device.type != "cpu" or weight.dtype != torch.bfloat16 or not torch.backends.mkldnn.is_available():
+    if weight.device.type != "cpu" or weight.dtype != torch.bfloat16 or not torch.backends.mkldnn.is_available() \
+            or not onednn_packs_bf16():
         return None
     return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
 

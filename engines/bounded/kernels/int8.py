@@ -24,6 +24,8 @@ import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers quantized_
 import torch.nn.functional as F
 from torch import Tensor
 
+from engines.hardware import onednn_int8_exact
+
 QMAX = 127.0  # symmetric int8 range [-127, 127]
 ZERO = 128  # the u8 zero point the activations travel with
 
@@ -64,8 +66,9 @@ def int8_linear(x: Tensor, weight: Tensor, weight_scale: Tensor, weight_zero: Te
 
 
 def prepack(weight: Tensor) -> Optional[Tensor]:
-    """An int8 weight [N, K] prepacked for oneDNN's int8 linear; None where oneDNN is not built in."""
-    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+    """An int8 weight [N, K] prepacked for oneDNN's int8 linear; None where oneDNN is not
+    built in or is inexact (a CPU without VNNI or AMX: `onednn_int8_exact`)."""
+    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available() or not onednn_int8_exact():
         return None
     return torch.ops.onednn.qlinear_prepack(weight, None)
 

@@ -63,7 +63,10 @@ def _fp8_unsupported(device: str, caps: Capabilities) -> Optional[str]:
 def _int8_unsupported(device: str, caps: Capabilities) -> Optional[str]:
     if device != "cpu":
         return "int8 GEMMs are the CPU path (oneDNN); on a GPU use fp8"
-    return None  # without VNNI/AMX oneDNN still runs them, only slower (doctor says which ISA)
+    if caps.int8_isa is None:  # oneDNN's kernel without VNNI/AMX saturates its 16-bit pair sums
+        return ("int8 GEMMs need VNNI or AMX (avx512_vnni, avx_vnni or amx_int8): without them oneDNN's "
+                "int8 kernel sums in saturating 16 bits and gives wrong results")
+    return None
 
 
 GEMM_KINDS: dict[str, GemmKind] = {}

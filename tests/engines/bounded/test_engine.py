@@ -95,11 +95,13 @@ def test_bfloat16_no_worse_than_transformers_bf16(preset_dir):
     """On the presets' large weights bf16 rounding alone moves label probabilities by up to
     ~0.5 (tiny-qwen2) in transformers' own bf16, so no fixed bound holds there (see
     calm_dir); we require our bf16 to be as close to the float32 reference as transformers'
-    bf16 is."""
+    bf16 is. Over 30 requests (~250 samples): on 10, the 90th percentiles of the two sets of
+    rounding errors differed by up to 1.33x either way from seed to seed (Zen 3, bf16
+    emulated), equal means throughout."""
     engine = start(preset_dir, "bfloat16", max_wait_ms=50, precision="bfloat16")
     try:
         rng = random.Random(2)
-        requests = random_requests(rng, 10, hi=150)
+        requests = random_requests(rng, 30, hi=150)
         results = asyncio.run(gather(engine, requests))
     finally:
         engine.stop()

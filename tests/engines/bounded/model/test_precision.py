@@ -12,7 +12,7 @@ from engines.bounded.model.layers import Linear
 from engines.bounded.model.precision import GEMM_KINDS, GemmKind, PrecisionPolicy, choose_dtype
 from engines.bounded.options import BoundedOptions
 from engines.hardware import probe
-from tests.engines.test_hardware import ICE_LAKE, SAPPHIRE, ZEN4
+from tests.engines.test_hardware import AVX2_ONLY, ICE_LAKE, SAPPHIRE, ZEN4
 
 
 @pytest.mark.parametrize("caps, requested, want", [
@@ -52,6 +52,13 @@ def test_int8_groups_refused_on_a_gpu_and_fp8_on_a_cpu():
     assert "CPU path" in p.unsupported("cuda", ZEN4)
     assert p.unsupported("cpu", ZEN4) is None
     assert "compute capability" in PrecisionPolicy(gemm={"o": "fp8"}).unsupported("cpu", ZEN4)
+
+
+def test_int8_groups_refused_on_a_cpu_without_vnni_or_amx():
+    # oneDNN's int8 kernel there sums u8 x s8 pairs in saturating 16 bits (measured on Zen 3)
+    p = PrecisionPolicy("float32", gemm={"down": "int8"})
+    assert "VNNI or AMX" in p.unsupported("cpu", AVX2_ONLY)
+    assert p.unsupported("cpu", ICE_LAKE) is None and p.unsupported("cpu", SAPPHIRE) is None
 
 
 def test_unknown_kind_lists_the_registered_ones():

@@ -12,6 +12,7 @@ import torch
 from engines.base import BeamRequest, Bounds, EngineConfig, PrefillRequest
 from engines.bounded.engine import BoundedEngine
 from engines.bounded.runtime import aot
+from engines.hardware import onednn_int8_exact
 
 from ..beam_reference import assert_same_beams, hf_beams
 from ..conftest import random_seqs, reference
@@ -94,7 +95,8 @@ def test_compile_once_then_load_and_recompile_on_key_change(engine_factory, cach
             assert "aoti_torch_cpu__linear_pointwise" in calls, calls
 
 
-@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN is not built into this torch")
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available() or not onednn_int8_exact(),
+                    reason="oneDNN's int8 GEMMs (refused without VNNI or AMX)")
 def test_int8_groups_compile_to_onednn_int8_kernels(engine_factory):
     e = engine_factory("float32", int8=["qkv", "o", "gate_up", "down"], gate="accept")
     calls = _extern_calls(_package(e)["package"])

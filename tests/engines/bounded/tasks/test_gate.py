@@ -7,9 +7,12 @@ import pytest
 from engines.base import Bounds, PrefillRequest
 from engines.bounded.kernels import int8
 from engines.bounded.tasks.gate import Distance, PlanRefused
+from engines.hardware import onednn_int8_exact
 
 from .. import test_engine, test_engine_beam
 
+# an int8 plan is refused outright on a CPU without VNNI or AMX (model/precision.py)
+needs_int8 = pytest.mark.skipif(not onednn_int8_exact(), reason="int8 GEMMs need VNNI or AMX")
 SMALL = Bounds(max_samples_per_request=8, max_prompt_tokens=64, max_beam_width=8, max_decode_steps=3)
 
 
@@ -31,6 +34,7 @@ def test_distance_worse_than():
     assert beams.worse_than(Distance(0.1, 0.1, 0.9)) == []
 
 
+@needs_int8
 def test_scoring_plan_further_than_bf16_is_refused_naming_its_groups(coarse_int8):
     with pytest.raises(PlanRefused) as e:
         test_engine.start(coarse_int8, "float32", SMALL, int8=["gate_up", "down"])
@@ -39,6 +43,7 @@ def test_scoring_plan_further_than_bf16_is_refused_naming_its_groups(coarse_int8
     assert "prefill_only calibration batch" in msg and "gate: accept" in msg
 
 
+@needs_int8
 def test_accepted_plan_serves_and_reports_the_verdict(coarse_int8):
     engine = test_engine.start(coarse_int8, "float32", SMALL, int8=["down"], gate="accept")
     try:
@@ -55,11 +60,13 @@ def test_accepted_plan_serves_and_reports_the_verdict(coarse_int8):
     again.stop()
 
 
+@needs_int8
 def test_beam_plan_further_than_bf16_is_refused(coarse_int8):
     with pytest.raises(PlanRefused, match=r"int8 \[gate_up, head\].*beam_search calibration batch"):
         test_engine_beam.start(coarse_int8, "float32", SMALL, int8=["gate_up", "head"])
 
 
+@needs_int8
 def test_dense_plans_are_not_judged(tiny_dir):
     engine = test_engine.start(tiny_dir, "float32", SMALL)
     assert engine.describe().details["precision_policy"]["accuracy_gate"].startswith("not needed")
