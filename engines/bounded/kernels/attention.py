@@ -6,7 +6,9 @@
   graph around it is compiled). It reads the sequence offsets on the host, which on a CPU is
   where they are. For bf16 on a CPU with AVX512-BF16 its body is the native kernel (Zen 4,
   2 threads, a layer of 15 x ~96 tokens with qwen3-0.6b's heads: 3.3 ms; the Python body
-  took 10.1 ms in an earlier sitting). Otherwise its body is Python: one small GEMM pair per sequence on single-threaded workers. A
+  took 10.1 ms in an earlier sitting); for float32 on a CPU with AVX2 and FMA, the native
+  float32 kernel (csrc/varlen_attention_f32.cpp). Otherwise its body is Python: one small
+  GEMM pair per sequence on single-threaded workers. A
   sequence may also see the whole of an earlier one, its prefix: a query whose K/V its items
   share (query_attention.py), so a query request's query is computed once.
 - "padded" (GPU; on a CPU the beam prefill of a few prompts, see `attention_for`):
@@ -249,6 +251,8 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor,
                          f"{q.device.type}")
     if q.dtype == torch.bfloat16 and q.shape[-1] % 16 == 0 and native.available():
         return torch.ops.bounded_native.varlen_attention_bf16(q, k, v, cu_seqlens, prefix)
+    if q.dtype == torch.float32 and native.F32.available():
+        return torch.ops.bounded_native_f32.varlen_attention_f32(q, k, v, cu_seqlens, prefix)
     offsets = cu_seqlens.tolist()
     return varlen_attention_cpu(q, k, v, list(zip(offsets[:-1], offsets[1:])),
                                 None if prefix is None else prefix.tolist())

@@ -13,6 +13,11 @@ csrc/swiglu.cpp: the graphs call it through kernels/dense.swiglu). Built into
 and torch's version, so an edit or a new torch builds anew and a stale library never loads.
 Where it cannot be had -- no C++ compiler, a CPU without AVX512-BF16, a failed build --
 `available()` says False with the reason in `status()`, and the Python kernels serve.
+
+A second library, `F32`, serves the float32 plans (policy auto's choice on a CPU without
+native bf16, e.g. Zen 3 or Ice Lake; the hold-out plans everywhere): `varlen_attention_f32`
+(csrc/varlen_attention_f32.cpp), the body of bounded::varlen_attention for float32, built
+for AVX2 + FMA. `BOUNDED_NATIVE=0` turns both off.
 """
 from __future__ import annotations
 
@@ -27,10 +32,8 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from engines.hardware import cpu_flags
+from engines.hardware import all_cpu_flags, cpu_flags
 from engines.server.venv import cache_dir
-
-SOURCES = tuple(Path(__file__).parent / "csrc" / name for name in ("varlen_attention.cpp", "beam_head.cpp", "swiglu.cpp"))
 
 # AVX-512 for the whole file, so ATen's Vectorized<float> (exp, max, bf16 conversion) is its
 # 512-bit implementation, not the portable one that loops over scalars: the library is only
@@ -39,9 +42,9 @@ SOURCES = tuple(Path(__file__).parent / "csrc" / name for name in ("varlen_atten
 # on the calling thread alone); the libgomp it links is torch's own, already loaded.
 CFLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma",
           "-DCPU_CAPABILITY_AVX512", "-DCPU_CAPABILITY=AVX512"]
-
-_lock = threading.Lock()
-_state: dict[str, Optional[str]] = {}  # "error": why it is unavailable (None: loaded)
+# The float32 attention (csrc/varlen_attention_f32.cpp): AVX2 + FMA, so any x86-64 CPU of the
+# last decade runs it (Zen 3 and Ice Lake among them, where policy auto computes in float32).
+CFLAGS_F32 = ["-O3", "-fopenmp", "-mavx2", "-mfma", "-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2"]
 
 
 def cpu_has_bf16_dot() -> bool:
@@ -49,58 +52,87 @@ def cpu_has_bf16_dot() -> bool:
     return "avx512_bf16" in cpu_flags()
 
 
-def build_dir() -> Path:
-    digest = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES) + " ".join(CFLAGS).encode() + torch.__version__.encode()).hexdigest()[:16]
-    return cache_dir() / "native" / digest
+def cpu_has_avx2_fma() -> bool:
+    return {"avx2", "fma"} <= all_cpu_flags()
 
 
-def load(log: Callable[[str], None] = print) -> bool:
-    """Build (first time on this machine) and load the library. -> whether it is usable.
-    Thread-safe; later calls only answer."""
-    with _lock:
-        if "error" not in _state:
-            _state["error"] = _load(log)
-            if _state["error"]:
-                log(f"native CPU kernels unavailable ({_state['error']}); the Python kernels serve")
-        return _state["error"] is None
+class Library:
+    """One native library: its sources, flags, the CPU it needs, the fake (shape) functions
+    of its ops for torch.export. Built once per machine and source, loaded on first use."""
+
+    def __init__(self, name: str, sources: tuple[str, ...], cflags: list[str], cpu_ok: Callable[[], bool],
+                 cpu_needs: str, fakes: Callable[[], None]):
+        self.name, self.sources = name, tuple(Path(__file__).parent / "csrc" / s for s in sources)
+        self.cflags, self.cpu_ok, self.cpu_needs, self.fakes = cflags, cpu_ok, cpu_needs, fakes
+        self._lock = threading.Lock()
+        self._state: dict[str, Optional[str]] = {}  # "error": why it is unavailable (None: loaded)
+
+    def build_dir(self) -> Path:
+        digest = hashlib.sha256(b"".join(s.read_bytes() for s in self.sources) + " ".join(self.cflags).encode()
+                                + torch.__version__.encode()).hexdigest()[:16]
+        return cache_dir() / "native" / digest
+
+    def load(self, log: Callable[[str], None] = print) -> bool:
+        """Build (first time on this machine) and load the library. -> whether it is usable.
+        Thread-safe; later calls only answer."""
+        with self._lock:
+            if "error" not in self._state:
+                self._state["error"] = self._load(log)
+                if self._state["error"]:
+                    log(f"native CPU kernels ({self.name}) unavailable ({self._state['error']}); the Python kernels serve")
+            return self._state["error"] is None
+
+    def available(self) -> bool:
+        """Loaded and usable (never builds: call `load` first)."""
+        return self._state.get("error", "not loaded") is None
+
+    def status(self) -> str:
+        return "loaded" if self.available() else self._state.get("error") or "not loaded"
+
+    def _load(self, log: Callable[[str], None]) -> Optional[str]:
+        if os.environ.get("BOUNDED_NATIVE", "1") == "0":
+            return "disabled by BOUNDED_NATIVE=0"
+        if not self.cpu_ok():
+            return f"this CPU has no {self.cpu_needs}"
+        from torch.utils import cpp_extension
+
+        here = str(Path(sys.executable).parent)  # pip's ninja, where the environment is not activated
+        if shutil.which("ninja") is None and shutil.which("ninja", path=here):
+            os.environ["PATH"] = here + os.pathsep + os.environ.get("PATH", "")
+        out = self.build_dir()
+        out.mkdir(parents=True, exist_ok=True)
+        if not any(out.glob("*.so")):
+            log(f"building the native CPU kernels ({self.name}; once per machine and source) in {out} ...")
+        try:
+            cpp_extension.load(f"bounded_native_{out.name}", [str(s) for s in self.sources], extra_cflags=self.cflags,
+                               extra_ldflags=["-fopenmp"], build_directory=str(out), is_python_module=False,
+                               verbose=False)
+        except Exception as e:  # no compiler, headers, ...: say why in one line (the compiler's first error)
+            lines = str(e).strip().splitlines() or [""]
+            first = next((line for line in lines if "error" in line.lower()), lines[-1])
+            return f"build failed: {type(e).__name__}: {first.strip()[:300]}"
+        self.fakes()
+        return None
 
 
-def available() -> bool:
-    """Loaded and usable (never builds: call `load` first)."""
-    return _state.get("error", "not loaded") is None
-
-
-def status() -> str:
-    return "loaded" if available() else _state.get("error") or "not loaded"
-
-
-def _load(log: Callable[[str], None]) -> Optional[str]:
-    if os.environ.get("BOUNDED_NATIVE", "1") == "0":
-        return "disabled by BOUNDED_NATIVE=0"
-    if not cpu_has_bf16_dot():
-        return "this CPU has no AVX512-BF16"
-    from torch.utils import cpp_extension
-
-    here = str(Path(sys.executable).parent)  # pip's ninja, where the environment is not activated
-    if shutil.which("ninja") is None and shutil.which("ninja", path=here):
-        os.environ["PATH"] = here + os.pathsep + os.environ.get("PATH", "")
-    out = build_dir()
-    out.mkdir(parents=True, exist_ok=True)
-    fresh = not any(out.glob("*.so"))
-    if fresh:
-        log(f"building the native CPU kernels (once per machine and source) in {out} ...")
-    try:
-        cpp_extension.load(f"bounded_native_{out.name}", [str(s) for s in SOURCES], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"],
-                           build_directory=str(out), is_python_module=False, verbose=False)
-    except Exception as e:  # no compiler, headers, ...: say why in one line (the compiler's first error)
-        lines = str(e).strip().splitlines() or [""]
-        first = next((line for line in lines if "error" in line.lower()), lines[-1])
-        return f"build failed: {type(e).__name__}: {first.strip()[:300]}"
-    # its output's shape for torch.export (the graphs of the "native" attention call it)
+def _bf16_fakes() -> None:
+    # the ops' output shapes for torch.export (the graphs of the "native" attention call them)
     torch.library.register_fake("bounded_native::varlen_attention_bf16")(_fake_varlen_attention)
     torch.library.register_fake("bounded_native::varlen_attention_rope_bf16")(_fake_varlen_attention_rope)
     torch.library.register_fake("bounded_native::swiglu_bf16")(_fake_swiglu)
-    return None
+
+
+def _f32_fakes() -> None:
+    torch.library.register_fake("bounded_native_f32::varlen_attention_f32")(_fake_varlen_attention)
+
+
+BF16 = Library("bf16", ("varlen_attention.cpp", "beam_head.cpp", "swiglu.cpp"), CFLAGS, cpu_has_bf16_dot,
+               "AVX512-BF16", _bf16_fakes)
+F32 = Library("float32", ("varlen_attention_f32.cpp",), CFLAGS_F32, cpu_has_avx2_fma, "AVX2 and FMA", _f32_fakes)
+SOURCES = BF16.sources
+
+# the bf16 library, as most callers name it
+load, available, status, build_dir = BF16.load, BF16.available, BF16.status, BF16.build_dir
 
 
 def _fake_swiglu(gate_up: torch.Tensor) -> torch.Tensor:

@@ -82,6 +82,10 @@ class CompiledRuntime:
         # the native CPU kernels (kernels/native.py: attention, SwiGLU, the beam head) serve bf16;
         # built here, not on a request
         self.native = use_native = self.device.type == "cpu" and policy.dtype == "bfloat16" and native.load(log)
+        # float32 plans: the AVX2 attention kernel, the per-sequence op's body where it loads
+        library = native.F32 if policy.dtype == "float32" else native.BF16
+        if self.device.type == "cpu" and library is native.F32:
+            library.load(log)
         self.attention = attention_for(self.device, max_sequences, max_len, use_native) \
             if attention == "auto" else attention
         if self.attention == "native" and not use_native:
@@ -90,7 +94,7 @@ class CompiledRuntime:
         self.status: dict[str, Any] = {"compile": compile_mode, "compile_requested": compile_mode,
                                        "prefill_attention": self.attention}
         if self.device.type == "cpu":
-            self.status["native_kernels"] = native.status()
+            self.status["native_kernels"] = library.status()
         self._model: Optional[DecoderModel] = None
         self._compiled: Optional[dict[str, Graph]] = None
 

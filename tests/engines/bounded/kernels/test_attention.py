@@ -208,10 +208,41 @@ def test_native_attention_is_the_ops_body_and_independent_of_threads(native_kern
     plain = native_kernel(q, k, v, b.cu_seqlens, None)
     want = packed_attention_loop(q.double(), k.double(), v.double(), list(b.spans))
     assert (plain.double() - want).abs().max() < 5e-2
-    # float32, or a head dim the kernel does not tile: the Python body
+    # float32: the float32 kernel where it is loaded, else the Python body
     q32, k32, v32 = q.float(), k.float(), v.float()
-    assert torch.equal(kernels.varlen_attention(q32, k32, v32, b.cu_seqlens, b.prefix),
-                       kernels.varlen_attention_cpu(q32, k32, v32, list(b.spans), b.prefix.tolist()))
+    body = (torch.ops.bounded_native_f32.varlen_attention_f32(q32, k32, v32, b.cu_seqlens, b.prefix)
+            if native.F32.available() else kernels.varlen_attention_cpu(q32, k32, v32, list(b.spans), b.prefix.tolist()))
+    assert torch.equal(kernels.varlen_attention(q32, k32, v32, b.cu_seqlens, b.prefix), body)
+
+
+@pytest.fixture(scope="module")
+def f32_kernel():
+    if not native.F32.load(log=lambda _: None):
+        pytest.skip(f"native float32 attention unavailable here: {native.F32.status()}")
+    return torch.ops.bounded_native_f32.varlen_attention_f32
+
+
+@pytest.mark.parametrize("hq, hkv, d", [(4, 2, 32), (14, 2, 64), (16, 8, 128), (2, 2, 16), (3, 1, 24)])
+def test_native_float32_attention_is_the_exact_one_to_float32_rounding(f32_kernel, hq, hkv, d):
+    """The float32 kernel (AVX2 + FMA) against the exact (float64) concatenations, on random
+    batches of plain sequences and queries with items (1-300 tokens, blocks cut mid-sequence;
+    head dims that are not multiples of 16 included), and as the op's body."""
+    rng = random.Random(d + hq + 1)
+    torch.manual_seed(d + 1)
+    for _ in range(3):
+        b, q, k, v = random_batch(rng, hq, hkv, d, torch.float32)
+        want = concatenation_reference(q, k, v, b.spans, b.prefix.tolist())
+        got = f32_kernel(q, k, v, b.cu_seqlens, b.prefix)
+        python = kernels.varlen_attention_cpu(q, k, v, list(b.spans), b.prefix.tolist())
+        assert got.dtype == torch.float32 and got.shape == python.shape
+        err, python_err = ((x.double() - want).abs().max().item() for x in (got, python))
+        assert err < 5e-5 and err <= 4 * python_err + 1e-6, (err, python_err)
+        assert torch.equal(kernels.varlen_attention(q, k, v, b.cu_seqlens, b.prefix), got)
+    plain = f32_kernel(q, k, v, b.cu_seqlens, None)  # no prefix: each sequence's own causal attention
+    ref = packed_attention_loop(q.double(), k.double(), v.double(), list(b.spans))
+    assert (plain.double() - ref).abs().max() < 5e-5
+    with pytest.raises(RuntimeError, match="float32 q/k/v only"):
+        f32_kernel(q.bfloat16(), k.bfloat16(), v.bfloat16(), b.cu_seqlens, b.prefix)
 
 
 def test_the_native_kind_calls_the_kernel_and_exports_it(native_kernel):
@@ -232,7 +263,7 @@ def test_the_native_kind_calls_the_kernel_and_exports_it(native_kernel):
 
 
 def test_native_kind_is_refused_where_the_kernel_is_not_loaded(monkeypatch):
-    monkeypatch.setattr(native, "_state", {"error": "this CPU has no AVX512-BF16"})
+    monkeypatch.setattr(native.BF16, "_state", {"error": "this CPU has no AVX512-BF16"})
     with pytest.raises(ValueError, match="needs the native CPU kernel \\(this CPU has no AVX512-BF16\\)"):
         kernels.packed_attention("native", torch.tensor([0, 4]), None, None)
 
