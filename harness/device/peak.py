@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from engines.hardware import FLOAT_DTYPES, Capabilities, onednn_packs_bf16, probe
+from engines.hardware import FLOAT_DTYPES, Capabilities, onednn_int8_exact, onednn_packs_bf16, probe
 from harness.workload.presets import PRESETS, cache_root
 
 PRECISIONS = (*FLOAT_DTYPES, "int8")
@@ -106,10 +106,11 @@ def int8_linear(x, w) -> Callable[[], object]:
     """y = x @ w.T for int8 x [M, K], w [N, K], with the kernel the bounded engine's int8
     GEMMs compile to (engines/bounded/kernels/int8.py): oneDNN's int8 linear on a weight
     prepacked once, activations as u8 with zero point 128 (its VNNI/AMX path), int32
-    accumulation, float32 out; `torch._int_mm` where oneDNN is not built in."""
+    accumulation, float32 out; `torch._int_mm` where oneDNN is not built in or would saturate
+    (no VNNI or AMX: `onednn_int8_exact`)."""
     import torch
 
-    if not torch.backends.mkldnn.is_available():
+    if not torch.backends.mkldnn.is_available() or not onednn_int8_exact():  # without VNNI/AMX it saturates
         wt = w.t()
         return lambda: torch._int_mm(x, wt)
     xu = (x.to(torch.int16) + 128).to(torch.uint8)
