@@ -2,15 +2,12 @@
 
 - "native" (CPU, bf16, AVX512-BF16; "auto" wherever it loads): the native kernel called by
   the graph itself (native.NativeAttention; per_sequence reaches it through a Python op).
-- "per_sequence" (CPU): `varlen_attention`, an opaque op for torch.export/Inductor (the
-  graph around it is compiled). It reads the sequence offsets on the host, which on a CPU is
-  where they are. For bf16 on a CPU with AVX512-BF16 its body is the native kernel (Zen 4,
-  2 threads, a layer of 15 x ~96 tokens with qwen3-0.6b's heads: 3.3 ms; the Python body
-  took 10.1 ms in an earlier sitting); for float32 on a CPU with AVX2 and FMA, the native
-  float32 kernel (csrc/varlen_attention_f32.cpp). Otherwise its body is Python: one small
-  GEMM pair per sequence on single-threaded workers. A
-  sequence may also see the whole of an earlier one, its prefix: a query whose K/V its items
-  share (query_attention.py), so a query request's query is computed once.
+- "per_sequence" (CPU): `varlen_attention`, an opaque op for torch.export/Inductor (the graph
+  around it is compiled) that reads the sequence offsets on the host, a CPU's. Its body: for bf16 with AVX512-BF16 the native kernel (Zen 4, 2 threads, a
+  layer of 15 x ~96 tokens, qwen3-0.6b's heads: 3.3 ms against the Python body's 10.1), for
+  float32 with AVX2 + FMA the float32 one (csrc/varlen_attention_f32.cpp), else Python: a
+  small GEMM pair per sequence on single-threaded workers. A sequence may also see the whole
+  of an earlier one, its prefix: a query whose K/V its items share (query_attention.py).
 - "padded" (GPU; on a CPU the beam prefill of a few prompts, see `attention_for`):
   `packed_attention_padded`, plain tensor ops that compile into the graph: gather the
   packed rows into an [S, L] padded view with the batch's device-side indices (built once
