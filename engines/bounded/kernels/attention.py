@@ -1,12 +1,12 @@
 """Causal attention within each sequence of a packed prefill batch, four ways (ATTENTIONS):
 
-- "native" (CPU, bf16, AVX512-BF16; "auto" wherever it loads): the native kernel called by
-  the graph itself (native.NativeAttention; per_sequence reaches it through a Python op).
+- "native" (CPU: bf16 with AVX512-BF16, float32 with AVX2 + FMA; "auto" wherever it loads):
+  the native kernel called by the graph itself (native.NativeAttention).
 - "per_sequence" (CPU): `varlen_attention`, an opaque op for torch.export/Inductor (the graph
-  around it is compiled) that reads the sequence offsets on the host, a CPU's. Its body: for bf16 with AVX512-BF16 the native kernel (Zen 4, 2 threads, a
-  layer of 15 x ~96 tokens, qwen3-0.6b's heads: 3.3 ms against the Python body's 10.1), for
-  float32 with AVX2 + FMA the float32 one (csrc/varlen_attention_f32.cpp), else Python: a
-  small GEMM pair per sequence on single-threaded workers. A sequence may also see the whole
+  around it is compiled) that reads the sequence offsets on the host, a CPU's. Its body: the
+  native kernel of the dtype where it loads (Zen 4, bf16, 2 threads, a layer of 15 x ~96
+  tokens, qwen3-0.6b's heads: 3.3 ms against the Python body's 10.1), else Python: a small
+  GEMM pair per sequence on single-threaded workers. A sequence may also see the whole
   of an earlier one, its prefix: a query whose K/V its items share (query_attention.py).
 - "padded" (GPU; on a CPU the beam prefill of a few prompts, see `attention_for`):
   `packed_attention_padded`, plain tensor ops that compile into the graph: gather the
@@ -56,7 +56,7 @@ def attention_for(device: torch.device, max_sequences: Optional[int] = None, max
                   native: bool = False) -> str:
     """The prefill attention a device runs best for batches of up to `max_sequences`
     sequences (None: many) of up to `max_len` tokens (None: long): padded on a GPU; on a CPU
-    the native kernel where it serves (`native`: bf16 and native.available()), else dense
+    the native kernel where it serves (`native`: the plan dtype's library loaded), else dense
     for short sequences, padded for a few long ones (the beam prefill's prompts), per
     sequence otherwise (prefill scoring's long samples)."""
     if torch.device(device).type != "cpu":
@@ -79,8 +79,8 @@ def packed_attention(kind: str, cu_seqlens: Tensor, pad_index: Tensor, unpad_ind
     if kind == "per_sequence":
         return lambda q, k, v: varlen_attention(q, k, v, cu_seqlens, prefix)
     if kind == "native":
-        if not native.available():
-            raise ValueError(f"attention 'native' needs the native CPU kernel ({native.status()})")
+        if not (native.available() or native.F32.available()):
+            raise ValueError(f"attention 'native' needs a native CPU kernel ({native.status()}; {native.F32.status()})")
         return native.NativeAttention(cu_seqlens, prefix)
     raise ValueError(f"attention {kind!r}; choose one of {', '.join(ATTENTIONS)}")
 

@@ -61,14 +61,15 @@ class Library:
     of its ops for torch.export. Built once per machine and source, loaded on first use."""
 
     def __init__(self, name: str, sources: tuple[str, ...], cflags: list[str], cpu_ok: Callable[[], bool],
-                 cpu_needs: str, fakes: Callable[[], None]):
+                 cpu_needs: str, fakes: Callable[[], None], headers: tuple[str, ...] = ("varlen_units.h",)):
         self.name, self.sources = name, tuple(Path(__file__).parent / "csrc" / s for s in sources)
+        self.headers = tuple(Path(__file__).parent / "csrc" / h for h in headers)  # in the digest, not built
         self.cflags, self.cpu_ok, self.cpu_needs, self.fakes = cflags, cpu_ok, cpu_needs, fakes
         self._lock = threading.Lock()
         self._state: dict[str, Optional[str]] = {}  # "error": why it is unavailable (None: loaded)
 
     def build_dir(self) -> Path:
-        digest = hashlib.sha256(b"".join(s.read_bytes() for s in self.sources) + " ".join(self.cflags).encode()
+        digest = hashlib.sha256(b"".join(s.read_bytes() for s in self.sources + self.headers) + " ".join(self.cflags).encode()
                                 + torch.__version__.encode()).hexdigest()[:16]
         return cache_dir() / "native" / digest
 
@@ -124,6 +125,7 @@ def _bf16_fakes() -> None:
 
 def _f32_fakes() -> None:
     torch.library.register_fake("bounded_native_f32::varlen_attention_f32")(_fake_varlen_attention)
+    torch.library.register_fake("bounded_native_f32::varlen_attention_rope_f32")(_fake_varlen_attention_rope)
 
 
 BF16 = Library("bf16", ("varlen_attention.cpp", "beam_head.cpp", "swiglu.cpp"), CFLAGS, cpu_has_bf16_dot,
@@ -173,15 +175,20 @@ class NativeAttention:
         self.cu_seqlens, self.prefix = cu_seqlens, prefix
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        if q.dtype == torch.float32:
+            return torch.ops.bounded_native_f32.varlen_attention_f32(q, k, v, self.cu_seqlens, self.prefix)
         return torch.ops.bounded_native.varlen_attention_bf16(q, k, v, self.cu_seqlens, self.prefix)
 
     @staticmethod
     def fuses(head_dim: int, dtype: torch.dtype) -> bool:
+        if dtype == torch.float32:
+            return head_dim % 16 == 0 and head_dim <= 512
         return head_dim % 32 == 0 and head_dim <= 512 and dtype == torch.bfloat16
 
     def fused(self, qkv: Tensor, heads: int, kv_heads: int, q_norm: Optional[Tensor], k_norm: Optional[Tensor],
               eps: float, cos: Tensor, sin: Tensor, positions: Tensor) -> Tensor:
         """qkv [T, (Hq + 2 Hkv) D]; q_norm/k_norm [D] or None; cos/sin [P, D] tables;
         positions [T] -> [T, Hq*D]."""
-        return torch.ops.bounded_native.varlen_attention_rope_bf16(qkv, heads, kv_heads, q_norm, k_norm, eps, cos, sin,
-                                                                   positions, self.cu_seqlens, self.prefix)
+        ops = torch.ops.bounded_native_f32.varlen_attention_rope_f32 if qkv.dtype == torch.float32 \
+            else torch.ops.bounded_native.varlen_attention_rope_bf16
+        return ops(qkv, heads, kv_heads, q_norm, k_norm, eps, cos, sin, positions, self.cu_seqlens, self.prefix)

@@ -81,16 +81,17 @@ class CompiledRuntime:
         self.device, self.requested = torch.device(device), compile_mode
         # the native CPU kernels (kernels/native.py: attention, SwiGLU, the beam head) serve bf16;
         # built here, not on a request
-        self.native = use_native = self.device.type == "cpu" and policy.dtype == "bfloat16" and native.load(log)
-        # float32 plans: the AVX2 attention kernel, the per-sequence op's body where it loads
+        self.native = self.device.type == "cpu" and policy.dtype == "bfloat16" and native.load(log)
+        # float32 plans: the AVX2 attention kernels (csrc/varlen_attention_f32.cpp), called by
+        # the graphs as the bf16 ones are
         library = native.F32 if policy.dtype == "float32" else native.BF16
-        if self.device.type == "cpu" and library is native.F32:
-            library.load(log)
+        use_native = self.native or (self.device.type == "cpu" and library is native.F32 and library.load(log))
         self.attention = attention_for(self.device, max_sequences, max_len, use_native) \
             if attention == "auto" else attention
         if self.attention == "native" and not use_native:
-            raise ValueError("prefill_attention=native needs bf16 on a CPU where the native kernel loads "
-                             f"({native.status() if self.device.type == 'cpu' else self.device.type})")
+            raise ValueError("prefill_attention=native needs a CPU where the native kernel of the plan's dtype loads "
+                             "(bf16: AVX512-BF16; float32: AVX2 + FMA): "
+                             f"{library.status() if self.device.type == 'cpu' else self.device.type}")
         self.status: dict[str, Any] = {"compile": compile_mode, "compile_requested": compile_mode,
                                        "prefill_attention": self.attention}
         if self.device.type == "cpu":

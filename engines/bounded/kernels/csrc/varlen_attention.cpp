@@ -23,10 +23,11 @@
 
 #include <immintrin.h>
 
+#include "varlen_units.h"
+
 #include <algorithm>
 #include <array>
 #include <cstring>
-#include <atomic>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -38,12 +39,7 @@ using Vec = at::vec::Vectorized<float>;
 
 constexpr int64_t BLOCK = 32;  // query rows per block: its keys stop at its last row
 
-struct Unit {              // one sequence and one K/V head
-  int64_t own0, own1;      // the sequence's packed rows
-  int64_t pre0, pre_len;   // prefix rows (pre_len 0: none)
-  int64_t head;            // K/V head
-  int64_t work;
-};
+using bounded::Unit;
 
 struct Rows {              // q/k/v [T, H, D] with rows `stride` elements apart (views of a fused projection)
   const BFloat16* q;
@@ -303,40 +299,11 @@ bool supported() { return __builtin_cpu_supports("avx512bf16"); }
 
 at::Tensor attend(const Rows& x, const Prep& prep, int64_t t, int64_t hq, int64_t hkv, int64_t d,
                   const at::Tensor& cu_seqlens, const c10::optional<at::Tensor>& prefix, const at::TensorOptions& opts) {
-  auto cu = cu_seqlens.to(at::kLong).contiguous();
-  const int64_t s = cu.numel() - 1;
-  const int64_t* off = cu.data_ptr<int64_t>();
-  TORCH_CHECK(s >= 0 && (s == 0 || off[s] == t), "cu_seqlens must end at T");
-  std::vector<int64_t> pre(s, -1);
-  if (prefix.has_value() && prefix->defined()) {
-    auto p = prefix->to(at::kLong).contiguous();
-    TORCH_CHECK(p.numel() == s, "prefix: one entry per sequence");
-    std::copy(p.data_ptr<int64_t>(), p.data_ptr<int64_t>() + s, pre.begin());
-  }
-  std::vector<Unit> units;
-  for (int64_t i = 0; i < s; ++i) {
-    const int64_t a = off[i], b = off[i + 1];
-    TORCH_CHECK(a < b, "empty sequence ", i);
-    int64_t p0 = 0, plen = 0;
-    if (pre[i] >= 0) {
-      TORCH_CHECK(pre[i] < i && pre[pre[i]] < 0, "sequence ", i, ": prefix ", pre[i],
-                  " must be an earlier sequence without a prefix");
-      p0 = off[pre[i]];
-      plen = off[pre[i] + 1] - p0;
-    }
-    for (int64_t h = 0; h < hkv; ++h) units.push_back({a, b, p0, plen, h, (b - a) * (plen + (b - a) / 2 + 1)});
-  }
-  std::stable_sort(units.begin(), units.end(), [](const Unit& x, const Unit& y) { return x.work > y.work; });
+  const std::vector<Unit> units = bounded::varlen_units(cu_seqlens, prefix, t, hkv);
   auto out = at::empty({t, hq * d}, opts);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   auto* op = out.data_ptr<BFloat16>();
-  std::atomic<int64_t> next{0};
-  const int64_t n = static_cast<int64_t>(units.size());
-  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n));
-  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-    Scratch w;
-    for (int64_t i = next++; i < n; i = next++) run_unit(units[i], x, prep, op, hq, hkv, d, scale, w);
-  });
+  bounded::run_units<Scratch>(units, [&](const Unit& u, Scratch& w) { run_unit(u, x, prep, op, hq, hkv, d, scale, w); });
   return out;
 }
 

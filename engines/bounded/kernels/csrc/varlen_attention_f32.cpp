@@ -14,6 +14,9 @@
 // computed), and per query head of the group: scores = Q K^T, scaled, masked, softmax in
 // float32 (the exponentials summed as they are written, the division deferred to the output
 // rows), P V. Both GEMMs run one register-tiled micro-kernel (6 rows x 16 columns, FMA).
+// A second entry, varlen_attention_rope_f32, takes the qkv projection as its GEMM gave it and
+// RMS-norms (Qwen3's q/k norms) and rotates q and k itself as it reads them, like the bf16
+// kernel's: the graph's separate norm + RoPE kernel wrote q and k and read them back.
 // Built with -mavx2 -mfma (native.py), loaded only on CPUs with both.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -22,9 +25,10 @@
 
 #include <immintrin.h>
 
+#include "varlen_units.h"
+
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -35,12 +39,7 @@ using Vec = at::vec::Vectorized<float>;
 
 constexpr int64_t BLOCK = 32;  // query rows per block: its keys stop at its last row
 
-struct Unit {             // one sequence and one K/V head
-  int64_t own0, own1;     // the sequence's packed rows
-  int64_t pre0, pre_len;  // prefix rows (pre_len 0: none)
-  int64_t head;           // K/V head
-  int64_t work;
-};
+using bounded::Unit;
 
 struct Rows {             // q/k/v [T, H, D], rows `stride` elements apart
   const float* q;
@@ -49,7 +48,58 @@ struct Rows {             // q/k/v [T, H, D], rows `stride` elements apart
   int64_t qs, ks, vs;
 };
 
+struct Prep {             // the fused entry: q/k as projected, RMS-normed (weights, or none) and rotated here
+  const float* cos = nullptr;  // [P, D] rotary tables (nullptr: q/k arrive ready)
+  const float* sin = nullptr;
+  const int64_t* pos = nullptr;  // [T] each row's position
+  const float* qw = nullptr;     // [D] q/k norm weights (nullptr: no norm, as Qwen2)
+  const float* kw = nullptr;
+  float eps = 0.0f;
+};
+
 int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+inline float hsum(__m256 v) {
+  const __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 y = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  return _mm_cvtss_f32(_mm_add_ss(y, _mm_movehdup_ps(y)));
+}
+
+// dst[0:d] = rotate(norm(src)) for one head's row at position `pos`, as the graph's norm +
+// RoPE computes it: x * rsqrt(mean(x^2) + eps) * w (no norm where w is nullptr), then the
+// rotate-half form x * cos + (-x_hi, x_lo) * sin. d % 16 == 0, d <= 512.
+void prep_row(const float* src, const float* w, const Prep& p, int64_t pos, int64_t d, float* dst) {
+  alignas(32) float x[512];
+  const float* y = src;
+  if (w != nullptr) {
+    __m256 ss = _mm256_setzero_ps();
+    for (int64_t c = 0; c < d; c += 8) {
+      const __m256 a = _mm256_loadu_ps(src + c);
+      ss = _mm256_fmadd_ps(a, a, ss);
+    }
+    const __m256 r = _mm256_set1_ps(1.0f / std::sqrt(hsum(ss) / static_cast<float>(d) + p.eps));
+    for (int64_t c = 0; c < d; c += 8)
+      _mm256_store_ps(x + c, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(src + c), r), _mm256_loadu_ps(w + c)));
+    y = x;
+  }
+  const int64_t h = d / 2;
+  const float* cs = p.cos + pos * d;
+  const float* sn = p.sin + pos * d;
+  for (int64_t c = 0; c < h; c += 8) {
+    const __m256 lo = _mm256_loadu_ps(y + c), hi = _mm256_loadu_ps(y + c + h);
+    _mm256_storeu_ps(dst + c, _mm256_fnmadd_ps(hi, _mm256_loadu_ps(sn + c), _mm256_mul_ps(lo, _mm256_loadu_ps(cs + c))));
+    _mm256_storeu_ps(dst + c + h,
+                     _mm256_fmadd_ps(lo, _mm256_loadu_ps(sn + c + h), _mm256_mul_ps(hi, _mm256_loadu_ps(cs + c + h))));
+  }
+}
+
+// Rows of q/k/v lie a whole projection apart: the hardware prefetcher does not follow them,
+// so the rows AHEAD of the one being prepared are requested early (as in the bf16 kernel).
+constexpr int64_t AHEAD = 4;
+
+inline void prefetch_row(const float* row, int64_t d) {
+  for (int64_t b = 0; b < d * 4; b += 64) _mm_prefetch(reinterpret_cast<const char*>(row) + b, _MM_HINT_T0);
+}
 
 // c[R, 16] (ldc) = a[R, kdim] (rows lda apart) x b[kdim, 16] (rows ldb apart). Columns past
 // the caller's width are computed from b's padding and never read. The accumulators are named
@@ -95,24 +145,28 @@ void gemm(const float* a, int64_t lda, int64_t m, const float* b, int64_t ldb, i
 }
 
 // row[0:n] = exp(row * scale - max * scale) in place, zero from n up to `width` (a multiple
-// of 8); returns their sum.
+// of 8); returns their sum. Whole vectors, the last one's lanes past n zeroed by a mask: a
+// row of a short sequence is mostly its tail.
 float exp_row(float* row, int64_t n, float scale, int64_t width) {
-  float mx = -std::numeric_limits<float>::infinity();
-  for (int64_t j = 0; j < n; ++j) mx = std::max(mx, row[j]);
-  std::fill(row + n, row + width, -std::numeric_limits<float>::infinity());
+  const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+  auto below = [&](int64_t j) { return _mm256_cmp_ps(lane, _mm256_set1_ps(static_cast<float>(n - j)), _CMP_LT_OQ); };
+  __m256 vmax = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(row + j));
+  if (j < n) vmax = _mm256_max_ps(vmax, _mm256_blendv_ps(vmax, _mm256_loadu_ps(row + j), below(j)));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  const float mx = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
   const Vec vscale(scale), vshift(mx * scale);
-  Vec vsum(0.0f);
-  for (int64_t j = 0; j < width; j += Vec::size()) {
-    const Vec e = (Vec::loadu(row + j) * vscale - vshift).exp_u20();
-    const Vec z = Vec::blendv(e, Vec(0.0f), Vec::loadu(row + j) == Vec(-std::numeric_limits<float>::infinity()));
-    z.store(row + j);
-    vsum = vsum + z;
+  __m256 vsum = _mm256_setzero_ps();
+  for (j = 0; j < n; j += 8) {
+    __m256 e = (Vec::loadu(row + j) * vscale - vshift).exp_u20();
+    if (j + 8 > n) e = _mm256_and_ps(e, below(j));
+    _mm256_storeu_ps(row + j, e);
+    vsum = _mm256_add_ps(vsum, e);
   }
-  alignas(32) float lanes[Vec::size()];
-  vsum.store(lanes);
-  float sum = 0.0f;
-  for (float x : lanes) sum += x;
-  return sum;
+  std::fill(row + j, row + width, 0.0f);
+  return hsum(vsum);
 }
 
 // dst[i * ldd + l] = rows[l][c + i] for i, l < 8: an 8 x 8 block of floats transposed in registers.
@@ -138,9 +192,11 @@ inline void transpose8(const float* const* rows, int64_t c, float* dst, int64_t 
 struct Scratch {
   std::vector<float> kt, vt, scores, acc;
   std::vector<float> sums;
+  std::vector<float> qp, kp;  // rows prepared by prep_row
 };
 
-void run_unit(const Unit& u, const Rows& x, float* out, int64_t hq, int64_t hkv, int64_t d, float scale, Scratch& w) {
+void run_unit(const Unit& u, const Rows& x, const Prep& prep, float* out, int64_t hq, int64_t hkv, int64_t d,
+              float scale, Scratch& w) {
   const int64_t g = hq / hkv;
   const int64_t keys = u.pre_len + (u.own1 - u.own0);
   const int64_t ldk = round_up(keys, 16), ldv = round_up(d, 16);
@@ -149,14 +205,27 @@ void run_unit(const Unit& u, const Rows& x, float* out, int64_t hq, int64_t hkv,
   // block's P V runs over its width rounded up to 8 keys, whose probabilities are zero)
   w.kt.assign(d * ldk, 0.0f);
   w.vt.assign(ldk * ldv, 0.0f);
+  // the keys' rows: prepared (normed + rotated) into scratch first where the entry prepares
+  // them, else read where they lie
+  auto k_at = [&](int64_t j) { return x.k + key_row(j) * x.ks + u.head * d; };
+  const float* kbase = nullptr;  // prepared rows, d apart
+  if (prep.cos != nullptr) {
+    w.kp.resize(keys * d);
+    for (int64_t r = 0; r < keys; ++r) {
+      if (r + AHEAD < keys) prefetch_row(k_at(r + AHEAD), d);
+      prep_row(k_at(r), prep.kw, prep, prep.pos[key_row(r)], d, w.kp.data() + r * d);
+    }
+    kbase = w.kp.data();
+  }
+  auto key = [&](int64_t j) { return kbase != nullptr ? kbase + j * d : k_at(j); };
   const float* krow[8];
   int64_t j = 0;
   for (; j + 8 <= keys && d % 8 == 0; j += 8) {  // 8 x 8 tiles (a column-by-column copy was 1/4 of the unit's own time)
-    for (int l = 0; l < 8; ++l) krow[l] = x.k + key_row(j + l) * x.ks + u.head * d;
+    for (int l = 0; l < 8; ++l) krow[l] = key(j + l);
     for (int64_t c = 0; c < d; c += 8) transpose8(krow, c, w.kt.data() + c * ldk + j, ldk);
   }
   for (; j < keys; ++j) {
-    const float* kr = x.k + key_row(j) * x.ks + u.head * d;
+    const float* kr = key(j);
     for (int64_t c = 0; c < d; ++c) w.kt[c * ldk + j] = kr[c];
   }
   for (j = 0; j < keys; ++j) {
@@ -167,13 +236,24 @@ void run_unit(const Unit& u, const Rows& x, float* out, int64_t hq, int64_t hkv,
   w.scores.resize(rows * ldk);
   w.acc.resize(rows * ldv);
   w.sums.resize(rows);
+  if (prep.cos != nullptr) w.qp.resize(rows * d);
   for (int64_t r0 = u.own0; r0 < u.own1; r0 += BLOCK) {
     const int64_t m = std::min(BLOCK, u.own1 - r0);
     const int64_t seen = u.pre_len + (r0 + m - u.own0);  // keys up to the block's last row
     const int64_t width = round_up(seen, 8);  // <= ldk
     for (int64_t gi = 0; gi < g; ++gi) {
       const int64_t h = u.head * g + gi;
-      gemm(x.q + r0 * x.qs + h * d, x.qs, m, w.kt.data(), ldk, d, seen, w.scores.data(), ldk);
+      const float* qa = x.q + r0 * x.qs + h * d;
+      int64_t lda = x.qs;
+      if (prep.cos != nullptr) {  // each (row, head) of q is prepared once: its block is this unit's
+        for (int64_t r = 0; r < m; ++r) {
+          if (r + AHEAD < m) prefetch_row(qa + (r + AHEAD) * x.qs, d);
+          prep_row(qa + r * x.qs, prep.qw, prep, prep.pos[r0 + r], d, w.qp.data() + r * d);
+        }
+        qa = w.qp.data();
+        lda = d;
+      }
+      gemm(qa, lda, m, w.kt.data(), ldk, d, seen, w.scores.data(), ldk);
       for (int64_t r = 0; r < m; ++r) {
         const int64_t valid = u.pre_len + (r0 + r - u.own0) + 1;  // causal: keys up to this row
         w.sums[r] = exp_row(w.scores.data() + r * ldk, valid, scale, width);
@@ -193,6 +273,16 @@ void run_unit(const Unit& u, const Rows& x, float* out, int64_t hq, int64_t hkv,
 
 bool supported() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 
+at::Tensor attend(const Rows& x, const Prep& prep, int64_t t, int64_t hq, int64_t hkv, int64_t d,
+                  const at::Tensor& cu_seqlens, const c10::optional<at::Tensor>& prefix, const at::TensorOptions& opts) {
+  const std::vector<Unit> units = bounded::varlen_units(cu_seqlens, prefix, t, hkv);
+  auto out = at::empty({t, hq * d}, opts);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  float* op = out.data_ptr<float>();
+  bounded::run_units<Scratch>(units, [&](const Unit& u, Scratch& w) { run_unit(u, x, prep, op, hq, hkv, d, scale, w); });
+  return out;
+}
+
 at::Tensor varlen_attention_f32(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const at::Tensor& cu_seqlens, const c10::optional<at::Tensor>& prefix) {
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(), "CPU tensors only");
@@ -209,47 +299,62 @@ at::Tensor varlen_attention_f32(const at::Tensor& q, const at::Tensor& k, const 
   auto qc = rows_of(q), kc = rows_of(k), vc = rows_of(v);
   const Rows x{qc.data_ptr<float>(), kc.data_ptr<float>(), vc.data_ptr<float>(), qc.stride(0), kc.stride(0),
                vc.stride(0)};
-  auto cu = cu_seqlens.to(at::kLong).contiguous();
-  const int64_t s = cu.numel() - 1;
-  const int64_t* off = cu.data_ptr<int64_t>();
-  TORCH_CHECK(s >= 0 && (s == 0 || off[s] == t), "cu_seqlens must end at T");
-  std::vector<int64_t> pre(s, -1);
-  if (prefix.has_value() && prefix->defined()) {
-    auto p = prefix->to(at::kLong).contiguous();
-    TORCH_CHECK(p.numel() == s, "prefix: one entry per sequence");
-    std::copy(p.data_ptr<int64_t>(), p.data_ptr<int64_t>() + s, pre.begin());
-  }
-  std::vector<Unit> units;
-  for (int64_t i = 0; i < s; ++i) {
-    const int64_t a = off[i], b = off[i + 1];
-    TORCH_CHECK(a < b, "empty sequence ", i);
-    int64_t p0 = 0, plen = 0;
-    if (pre[i] >= 0) {
-      TORCH_CHECK(pre[i] < i && pre[pre[i]] < 0, "sequence ", i, ": prefix ", pre[i],
-                  " must be an earlier sequence without a prefix");
-      p0 = off[pre[i]];
-      plen = off[pre[i] + 1] - p0;
-    }
-    for (int64_t h = 0; h < hkv; ++h) units.push_back({a, b, p0, plen, h, (b - a) * (plen + (b - a) / 2 + 1)});
-  }
-  std::stable_sort(units.begin(), units.end(), [](const Unit& a, const Unit& b) { return a.work > b.work; });
-  auto out = at::empty({t, hq * d}, q.options());
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  float* op = out.data_ptr<float>();
-  std::atomic<int64_t> next{0};
-  const int64_t n = static_cast<int64_t>(units.size());
-  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n));
-  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-    Scratch w;
-    for (int64_t i = next++; i < n; i = next++) run_unit(units[i], x, op, hq, hkv, d, scale, w);
-  });
-  return out;
+  return attend(x, Prep{}, t, hq, hkv, d, cu_seqlens, prefix, q.options());
+}
+
+// The same attention over the fused projection qkv [T, (Hq + 2 Hkv) D] as the qkv GEMM gives
+// it: q and k RMS-normed per head (q_norm/k_norm [D], or none) and rotated at `positions` by
+// the float32 tables cos/sin [P, D] here, as they are read.
+at::Tensor varlen_attention_rope_f32(const at::Tensor& qkv, int64_t hq, int64_t hkv,
+                                     const c10::optional<at::Tensor>& q_norm, const c10::optional<at::Tensor>& k_norm,
+                                     double eps, const at::Tensor& cos, const at::Tensor& sin,
+                                     const at::Tensor& positions, const at::Tensor& cu_seqlens,
+                                     const c10::optional<at::Tensor>& prefix) {
+  TORCH_CHECK(qkv.device().is_cpu() && qkv.scalar_type() == at::kFloat && qkv.dim() == 2 && qkv.stride(1) == 1,
+              "qkv: a float32 CPU [T, (Hq + 2 Hkv) D] with unit column stride");
+  TORCH_CHECK(hkv > 0 && hq % hkv == 0 && qkv.size(1) % (hq + 2 * hkv) == 0, "qkv: (Hq + 2 Hkv) heads, Hkv dividing Hq");
+  const int64_t t = qkv.size(0), d = qkv.size(1) / (hq + 2 * hkv);
+  TORCH_CHECK(d % 16 == 0 && d <= 512, "head dim a multiple of 16, at most 512");
+  TORCH_CHECK(supported(), "this CPU has no AVX2 and FMA");
+  auto table = [&](const at::Tensor& x, const char* name) {
+    TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.size(1) == d, name, ": float32 [P, D]");
+    return x.contiguous();
+  };
+  auto cs = table(cos, "cos"), sn = table(sin, "sin");
+  TORCH_CHECK(cs.size(0) == sn.size(0), "cos and sin of one length");
+  auto pos = positions.to(at::kLong).contiguous();
+  TORCH_CHECK(pos.numel() == t, "positions: one per row");
+  const int64_t* pp = pos.data_ptr<int64_t>();
+  for (int64_t i = 0; i < t; ++i) TORCH_CHECK(pp[i] >= 0 && pp[i] < cs.size(0), "position ", pp[i], " outside the tables");
+  auto weight = [&](const c10::optional<at::Tensor>& w) -> at::Tensor {
+    if (!w.has_value() || !w->defined()) return at::Tensor();
+    TORCH_CHECK(w->scalar_type() == at::kFloat && w->numel() == d, "q/k norm weight: float32 [D]");
+    return w->contiguous();
+  };
+  auto qw = weight(q_norm), kw = weight(k_norm);
+  TORCH_CHECK(qw.defined() == kw.defined(), "both q and k norm weights, or neither");
+  const float* base = qkv.data_ptr<float>();
+  const int64_t ld = qkv.stride(0);
+  const Rows x{base, base + hq * d, base + (hq + hkv) * d, ld, ld, ld};
+  Prep prep;
+  prep.cos = cs.data_ptr<float>();
+  prep.sin = sn.data_ptr<float>();
+  prep.pos = pp;
+  prep.qw = qw.defined() ? qw.data_ptr<float>() : nullptr;
+  prep.kw = kw.defined() ? kw.data_ptr<float>() : nullptr;
+  prep.eps = static_cast<float>(eps);
+  return attend(x, prep, t, hq, hkv, d, cu_seqlens, prefix, qkv.options());
 }
 
 }  // namespace
 
 TORCH_LIBRARY(bounded_native_f32, m) {
   m.def("varlen_attention_f32(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, Tensor? prefix=None) -> Tensor");
+  m.def("varlen_attention_rope_f32(Tensor qkv, int hq, int hkv, Tensor? q_norm, Tensor? k_norm, float eps, "
+        "Tensor cos, Tensor sin, Tensor positions, Tensor cu_seqlens, Tensor? prefix=None) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(bounded_native_f32, CPU, m) { m.impl("varlen_attention_f32", &varlen_attention_f32); }
+TORCH_LIBRARY_IMPL(bounded_native_f32, CPU, m) {
+  m.impl("varlen_attention_f32", &varlen_attention_f32);
+  m.impl("varlen_attention_rope_f32", &varlen_attention_rope_f32);
+}

@@ -245,6 +245,64 @@ def test_native_float32_attention_is_the_exact_one_to_float32_rounding(f32_kerne
         f32_kernel(q.bfloat16(), k.bfloat16(), v.bfloat16(), b.cu_seqlens, b.prefix)
 
 
+@pytest.mark.parametrize("norms", [True, False])  # Qwen3's q/k norms; Qwen2 has none
+@pytest.mark.parametrize("hq, hkv, d", [(8, 2, 64), (4, 2, 32), (16, 8, 128)])
+def test_native_float32_attention_norms_and_rotates_the_projection_itself(f32_kernel, norms, hq, hkv, d):
+    """The float32 fused entry on a qkv projection against the exact concatenations (float64)
+    of q/k normed and rotated in float64 by torch: queries with items included, positions
+    continuing each query's."""
+    from engines.bounded.kernels import dense
+
+    rng = random.Random(13 + d)
+    b, _, _, _ = random_batch(rng, hq, hkv, d, torch.float32)
+    t = b.num_tokens
+    torch.manual_seed(13)
+    qkv = torch.randn(t, (hq + 2 * hkv) * d)
+    qw, kw = ((torch.rand(d) + 0.5) for _ in range(2)) if norms else (None, None)
+    cos, sin = dense.rope_tables(dense.rope_inv_freq(d, 1e6), 1024)
+    pos = b.positions
+
+    def prep(x, w):
+        x = x.double()
+        if w is not None:
+            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
+        return x * cos[pos].double()[:, None] + dense.rotate_half(x) * sin[pos].double()[:, None]
+
+    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], -1)
+    q, k, v = prep(q.reshape(t, hq, d), qw), prep(k.reshape(t, hkv, d), kw), v.reshape(t, hkv, d).double()
+    want = concatenation_reference(q, k, v, b.spans, b.prefix.tolist())
+    got = torch.ops.bounded_native_f32.varlen_attention_rope_f32(qkv, hq, hkv, qw, kw, 1e-6, cos, sin, pos,
+                                                                 b.cu_seqlens, b.prefix)
+    assert got.dtype == torch.float32 and got.shape == (t, hq * d)
+    assert (got.double() - want).abs().max().item() < 5e-5
+    plain = f32_kernel(q.float(), k.float(), v.float(), b.cu_seqlens, b.prefix)  # the same, q/k prepared apart
+    assert torch.allclose(got, plain, atol=2e-5, rtol=1e-4)
+    with pytest.raises(RuntimeError, match="outside the tables"):
+        torch.ops.bounded_native_f32.varlen_attention_rope_f32(qkv, hq, hkv, qw, kw, 1e-6, cos[:10], sin[:10], pos,
+                                                               b.cu_seqlens, b.prefix)
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        torch.ops.bounded_native_f32.varlen_attention_rope_f32(qkv[:, :(hq + 2 * hkv) * 8], hq, hkv, None, None, 1e-6,
+                                                               cos[:, :8], sin[:, :8], pos, b.cu_seqlens, b.prefix)
+    with pytest.raises(RuntimeError, match="float32"):
+        torch.ops.bounded_native_f32.varlen_attention_rope_f32(qkv.bfloat16(), hq, hkv, None, None, 1e-6, cos, sin, pos,
+                                                               b.cu_seqlens, b.prefix)
+
+
+def test_the_native_kind_calls_the_float32_kernel_and_exports_it(f32_kernel):
+    rng = random.Random(8)
+    b, q, k, v = random_batch(rng, 4, 2, 32, torch.float32)
+    attend = kernels.packed_attention("native", b.cu_seqlens, b.pad_index, b.unpad_index, b.prefix)
+    assert torch.equal(attend(q, k, v), f32_kernel(q, k, v, b.cu_seqlens, b.prefix))
+
+    class Attend(torch.nn.Module):
+        def forward(self, q, k, v, cu_seqlens, prefix):
+            return kernels.packed_attention("native", cu_seqlens, None, None, prefix)(q, k, v)
+
+    graph = torch.export.export(Attend(), (q, k, v, b.cu_seqlens, b.prefix)).graph
+    calls = [n.target for n in graph.nodes if n.op == "call_function"]
+    assert calls == [torch.ops.bounded_native_f32.varlen_attention_f32.default]
+
+
 def test_the_native_kind_calls_the_kernel_and_exports_it(native_kernel):
     """attention "native": the programs' attend calls the C++ op itself, which torch.export
     keeps as one node (its fake gives the output's shape)."""
@@ -264,7 +322,8 @@ def test_the_native_kind_calls_the_kernel_and_exports_it(native_kernel):
 
 def test_native_kind_is_refused_where_the_kernel_is_not_loaded(monkeypatch):
     monkeypatch.setattr(native.BF16, "_state", {"error": "this CPU has no AVX512-BF16"})
-    with pytest.raises(ValueError, match="needs the native CPU kernel \\(this CPU has no AVX512-BF16\\)"):
+    monkeypatch.setattr(native.F32, "_state", {"error": "this CPU has no AVX2 and FMA"})
+    with pytest.raises(ValueError, match="needs a native CPU kernel \\(this CPU has no AVX512-BF16; this CPU has no AVX2"):
         kernels.packed_attention("native", torch.tensor([0, 4]), None, None)
 
 
