@@ -35,7 +35,7 @@ FUSED = ("cpp_fused", "triton_")  # Inductor's generated kernels
 FUSED_ATTENTION = ("softmax", "amax")
 WRAPPERS = ("aten::matmul",)  # its children say what it was: mm (a GEMM) or bmm (attention)
 KERNEL_PREFIXES = ("aten::", "aoti_", "graph_", "mkldnn::", "onednn::", "quantized::", "prims::",
-                   "bounded_native::")  # and FUSED; the native ops not named above (the SwiGLU)
+                   "bounded_native::", "bounded_native_f32::")  # and FUSED; native ops not named above (SwiGLU)
 
 
 def classify(name: str, context: Optional[str]) -> Optional[str]:

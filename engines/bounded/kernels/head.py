@@ -1,8 +1,9 @@
 """The full-vocabulary head of a beam step: logits into planned buffers (prepacked for
 oneDNN where that is faster), log-softmax, banned tokens. Shapes: B rows, V vocabulary.
 
-Two tails after the GEMM. `head_log_probs` writes every row's float32 log-probabilities (the
-float32 plan: bit for bit transformers' `log_softmax(logits.float())`). `logit_summary` is
+Two tails after the GEMM. `head_log_probs` writes every row's float32 log-probabilities (bit
+for bit transformers' `log_softmax(logits.float())`: the float32 plan where the native
+float32 head does not serve, and a constrained choice's rows). `logit_summary` is
 the low-precision plans' on a CPU: two passes over the bf16 logits (banned ids set to -inf
 first) for the maximum of each block of `BLOCK` tokens and each row's log-sum-exp, and no
 float32 copy: the choice of beams (kernels/select.py) needs only those to find the blocks
@@ -132,7 +133,7 @@ class FusedHead(Protocol):
 
     def top(self, hidden: Tensor, cum: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]: ...
 
-    def logit_rows(self, hidden: Tensor) -> LogitRows: ...
+    def logit_rows(self, hidden: Tensor) -> "LogitRows | Tensor": ...
 
 
 @dataclass(frozen=True)
@@ -163,9 +164,11 @@ class HiddenRows:
         """cum [R, W] -> each request's best k continuations (select.top_continuations)."""
         return self.head.top(self.hidden.reshape(-1, self.hidden.shape[-1]), cum, k)
 
-    def materialise(self) -> LogitRows:
+    def materialise(self) -> "LogitRows | Tensor":
+        """LogitRows [R, W, ...], or (a float32 head) log-probabilities [R, W, V]."""
         r, w, _ = self.hidden.shape
-        return self.head.logit_rows(self.hidden.reshape(r * w, -1)).view(r, w)
+        out = self.head.logit_rows(self.hidden.reshape(r * w, -1))
+        return out.view(r, w, -1) if isinstance(out, Tensor) else out.view(r, w)
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,10 @@ Where it cannot be had -- no C++ compiler, a CPU without AVX512-BF16, a failed b
 
 A second library, `F32`, serves the float32 plans (policy auto's choice on a CPU without
 native bf16, e.g. Zen 3 or Ice Lake; the hold-out plans everywhere): `varlen_attention_f32`
-(csrc/varlen_attention_f32.cpp), the body of bounded::varlen_attention for float32, built
-for AVX2 + FMA. `BOUNDED_NATIVE=0` turns both off.
+(csrc/varlen_attention_f32.cpp, and its fused q/k norm + RoPE entry), the "native"
+attention of float32 plans and the body of bounded::varlen_attention for float32, and the
+fused float32 beam head (csrc/beam_head_f32.cpp), built for AVX2 + FMA. `BOUNDED_NATIVE=0`
+turns both off.
 """
 from __future__ import annotations
 
@@ -61,7 +63,7 @@ class Library:
     of its ops for torch.export. Built once per machine and source, loaded on first use."""
 
     def __init__(self, name: str, sources: tuple[str, ...], cflags: list[str], cpu_ok: Callable[[], bool],
-                 cpu_needs: str, fakes: Callable[[], None], headers: tuple[str, ...] = ("varlen_units.h",)):
+                 cpu_needs: str, fakes: Callable[[], None], headers: tuple[str, ...] = ("varlen_units.h", "beam_choice.h")):
         self.name, self.sources = name, tuple(Path(__file__).parent / "csrc" / s for s in sources)
         self.headers = tuple(Path(__file__).parent / "csrc" / h for h in headers)  # in the digest, not built
         self.cflags, self.cpu_ok, self.cpu_needs, self.fakes = cflags, cpu_ok, cpu_needs, fakes
@@ -130,7 +132,8 @@ def _f32_fakes() -> None:
 
 BF16 = Library("bf16", ("varlen_attention.cpp", "beam_head.cpp", "swiglu.cpp"), CFLAGS, cpu_has_bf16_dot,
                "AVX512-BF16", _bf16_fakes)
-F32 = Library("float32", ("varlen_attention_f32.cpp",), CFLAGS_F32, cpu_has_avx2_fma, "AVX2 and FMA", _f32_fakes)
+F32 = Library("float32", ("varlen_attention_f32.cpp", "beam_head_f32.cpp"), CFLAGS_F32, cpu_has_avx2_fma,
+              "AVX2 and FMA", _f32_fakes)
 SOURCES = BF16.sources
 
 # the bf16 library, as most callers name it
@@ -155,14 +158,17 @@ def _fake_varlen_attention_rope(qkv: torch.Tensor, hq: int, hkv: int, q_norm: Op
 
 def beam_head_top(hidden: Tensor, packed: Tensor, vocab: int, banned: Tensor, cum: Tensor,
                   k: int) -> tuple[Tensor, Tensor, Tensor]:
-    """The fused beam head: hidden [R * W, K] bf16 (contiguous), packed (pack_head_bf16 of the
-    [V, K] head), banned [E] int64 ids, cum [R, W] float32 -> each request's best k
-    continuations cum + log_softmax(logits) (banned ids -inf after it), best first: scores
-    [R, k] (-inf: none), parent rows [R, k], tokens [R, k]. Two ops, so that a profile sees
-    the GEMM (with its epilogue) apart from the choice."""
-    ops = torch.ops.bounded_native
-    lse, block_max = ops.head_gemm_summary_bf16(hidden, packed, vocab, banned)
-    return ops.head_choose_bf16(hidden, packed, vocab, banned, lse, block_max, cum, k)
+    """The fused beam head: hidden [R * W, K] bf16 or float32 (contiguous), packed
+    (pack_head_bf16 / pack_head_f32 of the [V, K] head), banned [E] int64 ids, cum [R, W]
+    float32 -> each request's best k continuations cum + log_softmax(logits) (banned ids -inf
+    after it), best first: scores [R, k] (-inf: none), parent rows [R, k], tokens [R, k]. Two
+    ops, so that a profile sees the GEMM (with its epilogue) apart from the choice."""
+    if hidden.dtype == torch.float32:
+        ops, summary, choose = torch.ops.bounded_native_f32, "head_gemm_summary_f32", "head_choose_f32"
+    else:
+        ops, summary, choose = torch.ops.bounded_native, "head_gemm_summary_bf16", "head_choose_bf16"
+    lse, block_max = getattr(ops, summary)(hidden, packed, vocab, banned)
+    return getattr(ops, choose)(hidden, packed, vocab, banned, lse, block_max, cum, k)
 
 
 class NativeAttention:

@@ -19,8 +19,7 @@ masks the rest), a batch runs at the smallest requests bucket >= its requests (p
 requests are masked prompts of length 1 whose rows are never read), and a step only fills
 the static inputs and replays. Nothing on the walk reads the device before the outputs:
 per-batch metadata goes through the staging buffer, per-step scalars are preallocated, the
-choice of beams has fixed shapes. On a CPU the same walk runs each step directly at the
-batch's own size.
+choice of beams has fixed shapes. On a CPU the same walk runs each step directly.
 """
 from __future__ import annotations
 
@@ -89,9 +88,10 @@ class BeamRuntime(CompiledRuntime):
         model, tail = self.model(), graphs.get(beam_head.TAIL)  # tail None: float32 log-probabilities
         self.cfg, self.buffers = model.cfg, BeamBuffers(model.cfg, self.plan, model.lm_head.dtype, self.device)
         banned = torch.tensor(self.banned_ids, dtype=torch.int64, device=self.device)
-        self.head = beam_head.BeamHead(model.lm_head, banned, self.buffers, self.policy, self.plan.max_width, tail)
-        self.status["head_tail"] = ("native fused head + top-k" if self.head.fused else "logit summary") \
-            if tail is not None else "float32 log-probabilities"
+        self.head = beam_head.BeamHead(model.lm_head, banned, self.buffers, self.policy, self.plan.max_width, tail,
+                                       fuse=self.graph_backend is None)  # a captured step: tensors out
+        unfused = "logit summary" if tail is not None else "float32 log-probabilities"
+        self.status["head_tail"] = "native fused head + top-k" if self.head.fused else unfused
         self.status["buffers_mib"] = round(self.buffers.nbytes() / 2**20, 1)
         self._capture_steps()
 

@@ -7,6 +7,10 @@ In a bf16 plan with the native kernels loaded (kernels/native.py) the head is fu
 returns the hidden rows (HiddenRows) and the choice of beams runs the GEMM, log-softmax and
 top-k as one pass over the weight (csrc/beam_head.cpp), no [rows, V] logits written; a
 choice that needs logits (an item trie) gets them from the same kernel, value for value.
+A float32 plan on a CPU with AVX2 + FMA fuses the same way (csrc/beam_head_f32.cpp): its
+common choice scores cum + (logit - lse) from its own GEMM, equal to transformers' to
+float32 rounding (not bit for bit); a choice that needs logits takes the exact float32
+log-probabilities as before.
 """
 from __future__ import annotations
 
@@ -34,10 +38,14 @@ def summarised(device: torch.device, policy: PrecisionPolicy, banned: int) -> bo
 
 
 def fuses(weight: Tensor) -> bool:
-    """Can the native fused head serve this head weight [V, hidden]? bf16 on a CPU, the
-    native kernels loaded (the runtime loads them for bf16 plans), an even hidden size."""
-    return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and native.available()
-            and weight.shape[1] % 2 == 0)
+    """Can the native fused head serve this head weight [V, hidden]? On a CPU: bf16 with the
+    native kernels loaded and an even hidden size, or float32 with the float32 library loaded
+    (the runtime loads the library of the plan's dtype)."""
+    if weight.device.type != "cpu":
+        return False
+    if weight.dtype == torch.float32:
+        return native.F32.available()
+    return weight.dtype == torch.bfloat16 and native.available() and weight.shape[1] % 2 == 0
 
 
 def tail_program(vocab: int) -> BeamHeadTail:
@@ -46,16 +54,20 @@ def tail_program(vocab: int) -> BeamHeadTail:
 
 class BeamHead:
     def __init__(self, weight: Tensor, banned: Tensor, buffers: BeamBuffers, policy: PrecisionPolicy,
-                 rows: int, tail: Optional[Any]):
+                 rows: int, tail: Optional[Any], fuse: bool = True):
         """weight [V, hidden]; banned [E] ids; `rows`: the GEMM's planned rows (the oneDNN
         prepacking hint); `tail`: the compiled (or eager) BeamHeadTail, None for the float32
-        log-probabilities."""
+        log-probabilities; `fuse`: False keeps the head's output a tensor (a captured step)."""
         self.weight, self.banned, self.buffers, self.tail = weight, banned, buffers, tail
         self.vocab = weight.shape[0]
-        self.fused = tail is not None and fuses(weight)
-        self.native = torch.ops.bounded_native.pack_head_bf16(weight) if self.fused else None
-        self.packed = None if self.fused else head.prepack_head(weight, rows)
         self.int8 = head.Int8Head.of(weight) if policy.gemm_kind("head") == "int8" else None
+        self.f32 = weight.dtype == torch.float32
+        self.fused = fuse and (tail is not None or (self.f32 and self.int8 is None)) and fuses(weight)
+        self.native = None
+        if self.fused:
+            ops = torch.ops.bounded_native_f32 if self.f32 else torch.ops.bounded_native
+            self.native = (ops.pack_head_f32 if self.f32 else ops.pack_head_bf16)(weight)
+        self.packed = None if self.fused else head.prepack_head(weight, rows)
 
     def __call__(self, hidden: Tensor) -> Tensor | head.LogitRows | head.HiddenRows:
         """hidden [rows, hidden] -> log-probabilities [rows, V] in the planned buffer, or the
@@ -75,9 +87,12 @@ class BeamHead:
             return native.beam_head_top(hidden.contiguous(), self.native, self.vocab, self.banned,
                                         cum.float().contiguous(), k)
 
-    def logit_rows(self, hidden: Tensor) -> head.LogitRows:
-        """The fused head's logits and their summary, for a choice that reads logits."""
+    def logit_rows(self, hidden: Tensor) -> head.LogitRows | Tensor:
+        """The fused head's logits and their summary, for a choice that reads logits (float32:
+        the exact log-probabilities [rows, V])."""
         with torch.profiler.record_function("bounded::head"), self._threads(hidden):
+            if self.f32:
+                return self._rows(hidden)
             x = torch.ops.bounded_native.head_logits_bf16(hidden.contiguous(), self.native, self.vocab)
             lse, block_max = self.tail(x, head.ban_logits(x, self.banned))
             return head.LogitRows(x[:, None], lse[:, None], block_max[:, None], head.block_size(self.vocab))

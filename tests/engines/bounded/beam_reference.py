@@ -83,7 +83,15 @@ def hf_beams(model_dir, prompt: Sequence[int], width: int, steps: int,
     return BeamOutput(tokens, [score])
 
 
-def assert_same_beams(got: BeamOutput, want: BeamOutput, tol: float = 1e-4) -> int:
+# Transformers' float32 log_softmax over the presets' 151,936 logits is itself off by up to
+# ~2.5e-5 a step (tiny preset, step 0: -1.589310 against the float64 -1.589332; its float32
+# logsumexp is within 1e-7): the fused float32 head (csrc/beam_head_f32.cpp, within ~4e-6 of
+# float64) therefore sits ~1.3e-4 from the reference after 5 steps, the aten path ~0. SCORE_TOL
+# covers 5 steps of that bias; a wrong token or a real error still fails.
+SCORE_TOL = 2e-4
+
+
+def assert_same_beams(got: BeamOutput, want: BeamOutput, tol: float = SCORE_TOL) -> int:
     """Equal token for token and in order, scores within `tol`; two beams whose reference
     scores are within `tol` of each other (a float tie) may trade places, or, at the end of
     the list, the last one may be the other beam of the tie. Returns how many rows traded."""

@@ -36,6 +36,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "beam_choice.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -270,11 +272,8 @@ struct Tiles {
   }
 };
 
-constexpr int64_t BLK = 128;  // tokens per block: the first stage of the choice ranks blocks by their best
-
-struct RowSum {  // one row's log-sum-exp so far, in one thread's share: m + log(s), m near the maximum
-  float m = NEG_INF, s = 0.0f;
-};
+using bounded::BLK;
+using bounded::RowSum;
 
 // One pass over a chunk row's n logits, each rounded to bf16 as it is read (a no-op where the
 // AVX512-BF16 form stored them rounded): the sum of exp(x - ref) into *sum, the largest of
@@ -381,22 +380,6 @@ at::Tensor head_logits_bf16(const at::Tensor& hidden, const at::Tensor& packed, 
   return out;
 }
 
-struct Scored {  // a block (token: its index) or a continuation
-  float score;
-  int64_t row, token;
-};
-
-// best first; ties by row, then token (a fixed order)
-bool by_score(const Scored& x, const Scored& y) {
-  if (x.score != y.score) return x.score > y.score;
-  return x.row != y.row ? x.row < y.row : x.token < y.token;
-}
-
-at::Tensor banned_ids(const at::Tensor& banned) {
-  TORCH_CHECK(banned.scalar_type() == at::kLong && banned.dim() == 1, "beam head: banned must be int64 [E]");
-  return banned.contiguous();
-}
-
 // The head GEMM with its epilogue: hidden [B, K] bf16, packed (pack_head_bf16), banned [E]
 // int64 ids -> (lse [B] float32: each row's log-sum-exp over every token, the banned ones
 // included; block_max [B, ceil(vocab / BLK)] float32: each block's largest logit, the banned
@@ -404,7 +387,7 @@ at::Tensor banned_ids(const at::Tensor& banned) {
 std::tuple<at::Tensor, at::Tensor> head_gemm_summary_bf16(const at::Tensor& hidden, const at::Tensor& packed,
                                                           int64_t vocab, const at::Tensor& banned) {
   check_inputs(hidden, packed, vocab);
-  const at::Tensor ban = banned_ids(banned);
+  const at::Tensor ban = bounded::banned_ids(banned);
   const int64_t nbanned = ban.numel(), b = hidden.size(0);
   const int64_t* bp = ban.data_ptr<int64_t>();
   const BFloat16* pk = packed.data_ptr<BFloat16>();
@@ -429,109 +412,33 @@ std::tuple<at::Tensor, at::Tensor> head_gemm_summary_bf16(const at::Tensor& hidd
           summarise(buf.data() + r * CHUNK, n, c * CHUNK, mine[r0 + r], bp, nbanned, bm + (r0 + r) * nb + c * (CHUNK / BLK));
       }
   });
-  float* lp = lse.data_ptr<float>();
-  for (int64_t row = 0; row < b; ++row) {
-    float m = NEG_INF, s = 0.0f;
-    for (const auto& per : sums) m = std::max(m, per[row].m);
-    for (const auto& per : sums)
-      if (per[row].s > 0.0f) s += per[row].s * std::exp(per[row].m - m);
-    lp[row] = m + std::log(s);
-  }
+  bounded::merge_sums(sums, b, lse.data_ptr<float>());
   return {lse, bmax};
 }
 
-// The choice of beams from the summary: hidden [R * W, K], packed, banned as above, lse and
-// block_max (head_gemm_summary_bf16 of the same rows), cum [R, W] float32 -> each request's
-// best k continuations cum + (logit - lse), best first: scores [R, k] float32 (-inf: none),
-// parent row within the request [R, k], token [R, k] int64. Only the chosen blocks' logits
-// are computed again, value for value as before.
+// The choice of beams from the summary (beam_choice.h): hidden [R * W, K], packed, banned as
+// above, lse and block_max (head_gemm_summary_bf16 of the same rows), cum [R, W] float32 ->
+// each request's best k continuations cum + (logit - lse), best first: scores [R, k]
+// float32 (-inf: none), parent row within the request [R, k], token [R, k] int64. Only the
+// chosen blocks' logits are computed again, value for value as before.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> head_choose_bf16(const at::Tensor& hidden, const at::Tensor& packed,
                                                                 int64_t vocab, const at::Tensor& banned,
-                                                                const at::Tensor& lse_t, const at::Tensor& bmax_t,
+                                                                const at::Tensor& lse, const at::Tensor& block_max,
                                                                 const at::Tensor& cum, int64_t k) {
   check_inputs(hidden, packed, vocab);
-  const at::Tensor ban = banned_ids(banned);
-  const int64_t nbanned = ban.numel(), b = hidden.size(0), kdim = hidden.size(1);
-  const int64_t nb = (vocab + BLK - 1) / BLK, panel = kdim / 2 * 2 * PANEL;
-  TORCH_CHECK(cum.dim() == 2 && cum.scalar_type() == at::kFloat && cum.numel() == b,
-              "beam head: cum must be float32 [R, W] with R * W = the hidden rows");
-  TORCH_CHECK(lse_t.scalar_type() == at::kFloat && lse_t.numel() == b && bmax_t.scalar_type() == at::kFloat &&
-                  bmax_t.dim() == 2 && bmax_t.size(0) == b && bmax_t.size(1) == nb,
-              "beam head: lse [B] and block_max [B, ", nb, "] float32 must come from head_gemm_summary_bf16");
-  TORCH_CHECK(k >= 1 && k <= vocab - nbanned, "beam head: k must lie in 1..", vocab - nbanned, ", got ", k);
-  const int64_t nreq = cum.size(0), w = cum.size(1);
-  const at::Tensor cumc = cum.contiguous(), lse_c = lse_t.contiguous(), bmax_c = bmax_t.contiguous();
-  const int64_t* bp = ban.data_ptr<int64_t>();
+  const int64_t kdim = hidden.size(1), panel = kdim / 2 * 2 * PANEL;
   const BFloat16* h = hidden.data_ptr<BFloat16>();
   const BFloat16* pk = packed.data_ptr<BFloat16>();
-  const float* lse = lse_c.data_ptr<float>();
-  const float* bmax = bmax_c.data_ptr<float>();
-
-  at::Tensor scores = at::full({nreq, k}, NEG_INF, cum.options());
-  at::Tensor parents = at::zeros({nreq, k}, cum.options().dtype(at::kLong));
-  at::Tensor tokens = at::zeros({nreq, k}, cum.options().dtype(at::kLong));
-  const float* cp = cumc.data_ptr<float>();
-  float* sp = scores.data_ptr<float>();
-  int64_t* pp = parents.data_ptr<int64_t>();
-  int64_t* tp = tokens.data_ptr<int64_t>();
   const bool amx = use_amx(kdim);
-  at::parallel_for(0, nreq, 1, [&](int64_t q0, int64_t q1) {
-    const Tiles tiles(amx, 1);
-    std::vector<Scored> blocks, cand;
-    alignas(64) float x[BLK];
-    for (int64_t q = q0; q < q1; ++q) {
-      // 2. the request's best k blocks by cum + (block max - lse): they hold its best k
-      //    continuations (the expression is monotone in the logit). A floor prunes first:
-      //    the k-th best block scores at least the worst of any k blocks' scores, e.g. of
-      //    the rows' best blocks where there are k rows.
-      float floor = NEG_INF;
-      if (w >= k) {
-        std::vector<float> best(w);
-        for (int64_t i = 0; i < w; ++i) {
-          const int64_t row = q * w + i;
-          const float* bm = bmax + row * nb;
-          best[i] = cp[row] + (*std::max_element(bm, bm + nb) - lse[row]);
-        }
-        std::nth_element(best.begin(), best.begin() + (k - 1), best.end(), std::greater<float>());
-        floor = best[k - 1];
-      }
-      blocks.clear();
-      for (int64_t i = 0; i < w; ++i) {
-        const int64_t row = q * w + i;
-        const float c = cp[row], l = lse[row];
-        const float* bm = bmax + row * nb;
-        for (int64_t j = 0; j < nb; ++j) {
-          const float score = c + (bm[j] - l);
-          if (score >= floor) blocks.push_back({score, i, j});
-        }
-      }
-      const int64_t nbest = std::min<int64_t>(k, static_cast<int64_t>(blocks.size()));
-      std::nth_element(blocks.begin(), blocks.begin() + (nbest - 1), blocks.end(), by_score);
-      // 3. those blocks' logits again, computed as before value for value, and the best k
-      cand.clear();
-      for (int64_t t = 0; t < nbest; ++t) {
-        const int64_t i = blocks[t].row, row = q * w + i, c0 = blocks[t].token * BLK;
-        const int64_t n = std::min(BLK, vocab - c0);
-        if (amx)
-          row_logits_amx(h + row * kdim, kdim, pk, c0, BLK, x);
-        else
-          for (int64_t col = 0; col < BLK; col += GROUP * PANEL)
-            micro<1>(h + row * kdim, kdim, pk + (c0 + col) / PANEL * panel, panel, kdim / 2, x + col, BLK);
-        for (int64_t e = 0; e < nbanned; ++e)
-          if (bp[e] >= c0 && bp[e] < c0 + n) x[bp[e] - c0] = NEG_INF;
-        const float c = cp[row], l = lse[row];
-        for (int64_t j = 0; j < n; ++j) cand.push_back({c + (x[j] - l), i, c0 + j});
-      }
-      const int64_t n = std::min<int64_t>(k, static_cast<int64_t>(cand.size()));
-      std::partial_sort(cand.begin(), cand.begin() + n, cand.end(), by_score);
-      for (int64_t j = 0; j < n; ++j) {
-        sp[q * k + j] = cand[j].score;
-        pp[q * k + j] = cand[j].row;
-        tp[q * k + j] = cand[j].token;
-      }
-    }
-  });
-  return {scores, parents, tokens};
+  return bounded::choose(vocab, banned, lse, block_max, cum, k, hidden.size(0), "head_gemm_summary_bf16",
+                         [&] { return Tiles(amx, 1); },
+                         [&](int64_t row, int64_t c0, float* x) {
+                           if (amx)
+                             row_logits_amx(h + row * kdim, kdim, pk, c0, BLK, x);
+                           else
+                             for (int64_t col = 0; col < BLK; col += GROUP * PANEL)
+                               micro<1>(h + row * kdim, kdim, pk + (c0 + col) / PANEL * panel, panel, kdim / 2, x + col, BLK);
+                         });
 }
 
 }  // namespace

@@ -123,3 +123,109 @@ def test_the_choice_of_beams_through_hidden_rows_is_the_one_through_logits(ops):
     narrow = select.prepare_choice([None] * r, [w, 2, w], w, put)
     got = select.next_beams(rows, cum, nodes, narrow)
     assert torch.isneginf(got[0][1, 2:]).all() and torch.isfinite(got[0][1, :2]).all()
+
+
+# --- the float32 head (csrc/beam_head_f32.cpp, AVX2 + FMA) ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def ops32():
+    if not native.F32.load(log=lambda _: None):
+        pytest.skip(f"native float32 kernels unavailable here: {native.F32.status()}")
+    return torch.ops.bounded_native_f32
+
+
+def _case32(seed: int, rows: int, hidden: int, vocab: int):
+    x, weight = _case(seed, rows, hidden, vocab)
+    return x.float() + torch.randn(rows, hidden) * 1e-3, weight.float()  # not bf16 values
+
+
+@pytest.mark.parametrize("rows,hidden,vocab", [(1, 64, 1000), (13, 40, 777), (100, 96, 4099), (7, 896, 1536)])
+def test_native_float32_logits_are_the_exact_product(ops32, rows, hidden, vocab):
+    x, weight = _case32(rows + vocab, rows, hidden, vocab)
+    got = ops32.head_logits_f32(x, ops32.pack_head_f32(weight), vocab)
+    exact = x.double() @ weight.double().t()
+    assert got.dtype == torch.float32 and got.shape == (rows, vocab)
+    scale = x.double().abs() @ weight.double().abs().t()  # float32 sums over K: error ~ eps x this
+    assert ((got.double() - exact).abs() <= scale * 1e-5).all()
+
+
+@pytest.mark.parametrize("r,w,hidden,vocab,k", [(1, 100, 64, 5000, 100), (3, 7, 40, 1281, 7), (2, 1, 96, 700, 40),
+                                                 (1, 4, 32, 129, 4)])
+def test_native_float32_top_k_is_the_top_k_of_the_exact_log_probabilities(ops32, r, w, hidden, vocab, k):
+    """Against cum + log_softmax of the exact (float64) logits, banned ids -inf after it: the
+    same scores to float32 rounding, best first, each pick the continuation its score says."""
+    x, weight = _case32(r * w + k, r * w, hidden, vocab)
+    packed = ops32.pack_head_f32(weight)
+    banned = [3, vocab - 1]
+    cum = torch.randn(r, w, generator=torch.Generator().manual_seed(9)) * 2 - 5
+    if w > 2:
+        cum[0, w - 2:] = -math.inf
+    scores, parents, tokens = native.beam_head_top(x, packed, vocab, torch.tensor(banned), cum, k)
+    exact = x.double() @ weight.double().t()
+    logp = torch.log_softmax(exact, -1)
+    logp[:, banned] = -math.inf
+    want = (cum.double().reshape(-1, 1) + logp).view(r, -1).topk(k, -1).values
+    assert scores.dtype == torch.float32 and scores.shape == parents.shape == tokens.shape == (r, k)
+    torch.testing.assert_close(scores.double(), want, rtol=0, atol=3e-5)
+    again = cum.double().gather(1, parents) + logp.view(r, w, vocab)[torch.arange(r)[:, None], parents, tokens]
+    torch.testing.assert_close(scores.double(), again, rtol=0, atol=3e-5)
+    assert not torch.isin(tokens, torch.tensor(banned)).any()
+    for q in range(r):
+        assert len(set((parents[q] * vocab + tokens[q]).tolist())) == k
+    # one thread or two: the same answer (each logit is summed over K in one order)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = native.beam_head_top(x, packed, vocab, torch.tensor(banned), cum, k)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one[1], parents) and torch.equal(one[2], tokens)
+    torch.testing.assert_close(one[0], scores, rtol=0, atol=1e-6)
+
+
+def test_native_float32_head_refuses_what_it_cannot_compute(ops32):
+    x, weight = _case32(2, 4, 64, 600)
+    packed = ops32.pack_head_f32(weight)
+    cum = torch.full((1, 4), -math.inf)
+    assert torch.isneginf(native.beam_head_top(x, packed, 600, torch.tensor([0]), cum, 4)[0]).all()
+    with pytest.raises(RuntimeError, match="packed weight does not match"):
+        ops32.head_logits_f32(x[:, :32].contiguous(), packed, 600)
+    with pytest.raises(RuntimeError, match="contiguous float32"):
+        ops32.head_logits_f32(x.bfloat16(), packed, 600)
+    with pytest.raises(RuntimeError, match="k must lie in"):
+        native.beam_head_top(x, packed, 600, torch.tensor([0]), torch.zeros(1, 4), 600)
+
+
+def test_a_float32_beam_head_fuses_and_its_choice_matches_the_exact_one(ops32):
+    """runtime/beam_head.BeamHead on a float32 head: fused; the common choice through
+    HiddenRows against the one through the exact log-probabilities (materialise), and a
+    narrower request's rows past its width -inf."""
+    from engines.bounded.model.precision import PrecisionPolicy
+    from engines.bounded.runtime.beam_head import BeamHead
+
+    r, w, hidden, vocab = 3, 6, 64, 1024
+    x, weight = _case32(5, r * w, hidden, vocab)
+
+    class Buffers:
+        def head_views(self, rows):
+            return torch.empty(rows, vocab), None
+
+    bh = BeamHead(weight, torch.tensor([7]), Buffers(), PrecisionPolicy("float32"), r * w, None)
+    assert bh.fused
+    rows = bh(x).view(r, w)
+    assert isinstance(rows, head.HiddenRows)
+    exact = rows.materialise()
+    assert isinstance(exact, torch.Tensor) and exact.shape == (r, w, vocab)
+    want_logp = torch.log_softmax(x @ weight.t(), -1)
+    want_logp[:, 7] = -math.inf
+    torch.testing.assert_close(exact.view(r * w, vocab), want_logp, rtol=0, atol=1e-5)
+    cum = torch.randn(r, w) - 3
+    nodes = torch.zeros(r, w, dtype=torch.int64)
+    free = select.prepare_choice([None] * r, [w] * r, w, torch.tensor)
+    got = select.next_beams(rows, cum, nodes, free)
+    want = select.next_beams(exact, cum, nodes, free)
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=2e-5)
+    narrow = select.prepare_choice([None] * r, [w, 2, w], w, torch.tensor)
+    got = select.next_beams(rows, cum, nodes, narrow)
+    assert torch.isneginf(got[0][1, 2:]).all() and torch.isfinite(got[0][1, :2]).all()
