@@ -106,16 +106,28 @@ class BoundedEngine(Engine):
         t0 = time.perf_counter()
         read_model_config(self.config.model_dir)
         tokenizer = self._tokenizer()
-        for task in self.tasks.values():
-            task.start(tokenizer)
-            if self._judged(task):
-                self.gates[task.kind] = self._gate(task, tokenizer)
         lock = threading.Lock()
+        # each task starts (loads, allocates, warms up, is judged) on the thread that will run
+        # its calls: the caller's thread opens no OpenMP team of its own (tasks/batcher.py)
         self._batchers = {kind: Batcher(functools.partial(self._execute, task), task.usage,
-                                        self.options.max_wait_ms / 1000.0, task.prepare, lock, f"bounded-{kind}")
+                                        self.options.max_wait_ms / 1000.0, task.prepare, lock, f"bounded-{kind}",
+                                        setup=functools.partial(self._start_task, task, tokenizer))
                           for kind, task in self.tasks.items()}
+        try:
+            for batcher in self._batchers.values():
+                batcher.ready()
+        except BaseException:  # a task failed to start (or Ctrl-C): the others stop after their start
+            for batcher in self._batchers.values():
+                batcher.close()
+            self._batchers = {}
+            raise
         self._started = True
         self.start_s = time.perf_counter() - t0
+
+    def _start_task(self, task: Task, tokenizer: Any) -> None:
+        task.start(tokenizer)
+        if self._judged(task):
+            self.gates[task.kind] = self._gate(task, tokenizer)
 
     def _tokenizer(self) -> Any:
         from transformers import AutoTokenizer

@@ -171,6 +171,47 @@ def test_failing_batch_isolates_the_culprit(tiny_engine, monkeypatch):
     assert not isinstance(a, BaseException) and not isinstance(b, BaseException)
 
 
+def test_the_engine_starts_and_runs_on_its_model_thread(tiny_dir_f32, monkeypatch):
+    """Loading, warm-up and every call on one thread, not the caller's: the caller opens no
+    OpenMP team of its own (tasks/batcher.py)."""
+    import threading
+
+    from engines.bounded.tasks.prefill import PrefillTask
+
+    threads = {"start": set(), "run": set()}
+    real_start, real_run = PrefillTask.start, PrefillTask.run
+
+    def start_(self, *a, **k):
+        threads["start"].add(threading.get_ident())
+        return real_start(self, *a, **k)
+
+    def run_(self, *a, **k):
+        threads["run"].add(threading.get_ident())
+        return real_run(self, *a, **k)
+
+    monkeypatch.setattr(PrefillTask, "start", start_)
+    monkeypatch.setattr(PrefillTask, "run", run_)
+    engine = start(tiny_dir_f32)
+    try:
+        out = asyncio.run(gather(engine, [PrefillRequest("a", [[1, 2, 3]], [1, 2])]))
+    finally:
+        engine.stop()
+    assert not isinstance(out[0], BaseException)
+    assert threads["start"] == threads["run"] and len(threads["run"]) == 1
+    assert threading.get_ident() not in threads["run"]
+
+
+def test_a_task_that_fails_to_start_fails_the_engine_start(tiny_dir_f32, monkeypatch):
+    from engines.bounded.tasks.prefill import PrefillTask
+
+    def broken(self, *a, **k):
+        raise RuntimeError("package unreadable")
+
+    monkeypatch.setattr(PrefillTask, "start", broken)
+    with pytest.raises(RuntimeError, match="package unreadable"):
+        start(tiny_dir_f32)
+
+
 def test_truncate_mode(tiny_dir_f32):
     bounds = Bounds(max_samples_per_request=2, max_prompt_tokens=8, on_violation="truncate")
     engine = start(tiny_dir_f32, bounds=bounds)

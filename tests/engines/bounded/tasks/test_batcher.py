@@ -208,3 +208,42 @@ def test_the_request_scope_runs_in_the_model_thread_and_a_bad_request_fails_alon
     a, bad, c = asyncio.run(main())
     assert (a, c) == ("a", "c") and isinstance(bad, ValueError)
     assert threads == {"model-x"} and sorted(i for ids in seen for i in ids) == ["a", "c"]
+
+
+def test_setup_runs_on_the_model_thread_before_any_call():
+    """The task's start runs where its calls will (one OpenMP master per engine, batcher.py)."""
+    where, order = [], []
+
+    def setup():
+        where.append(threading.get_ident())
+        order.append("setup")
+
+    def execute(batch):
+        where.append(threading.get_ident())
+        order.append("call")
+        return [p.item.id for p in batch]
+
+    async def main():
+        b = Batcher(execute, lambda: PrefillUsage(PrefillPlan(100, 8, 100, 8)), setup=setup)
+        b.ready(5)
+        out = await b.submit(_item(1, 5, id="a"), {})
+        b.close()
+        return out
+
+    assert asyncio.run(main()) == "a"
+    assert order == ["setup", "call"] and len(set(where)) == 1 and where[0] != threading.get_ident()
+
+
+def test_a_failed_setup_reaches_the_starter_and_nothing_is_served():
+    def setup():
+        raise RuntimeError("no package")
+
+    async def main():
+        b = Batcher(lambda batch: [1] * len(batch), lambda: PrefillUsage(PrefillPlan(100, 8, 100, 8)), setup=setup)
+        with pytest.raises(RuntimeError, match="no package"):
+            b.ready(5)
+        with pytest.raises(EngineError, match="stopping"):
+            await b.submit(_item(1, 5), {})
+        b.join(5)
+
+    asyncio.run(main())
