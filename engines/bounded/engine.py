@@ -5,7 +5,9 @@ The engine holds one Task per task kind it serves (tasks/prefill.py, tasks/beam.
 `submit` hands the request to its task's batcher (tasks/batcher.py) in one hop: the task's
 model thread runs the request-scope nodes (check + tokenize), merges what is waiting into one
 run of the batch-scope nodes (work-conserving: an idle model starts at once), and answers.
-The tasks' threads share one lock: one model call at a time.
+Each task starts (loads, warms up, is judged) on its model thread, so the caller's thread
+opens no OpenMP team (tasks/batcher.py says why). The tasks' threads share one lock: one model
+call at a time.
 """
 from __future__ import annotations
 
