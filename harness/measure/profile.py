@@ -30,7 +30,7 @@ LABELS = {"gemm": "GEMMs", "attention": "attention", "norms_elementwise": "norms
 RANGES = {"bounded::attention": "attention", "bounded::head": "head_selection", "bounded::select": "head_selection"}
 GEMM_NAMES = ("linear_pointwise", "head_gemm_summary", "aten::linear", "aten::mm", "aten::addmm", "mm_out", "addmm_out", "_int_mm",
               "qlinear", "aten::_weight_int8pack_mm", "cublas", "gemm", "aten::_scaled_mm")
-ATTENTION_NAMES = ("scaled_dot_product", "flash_attention", "varlen_attention", "bmm", "softmax")
+ATTENTION_NAMES = ("scaled_dot_product", "flash_attention", "varlen_attention", "beam_attention", "bmm", "softmax")
 FUSED = ("cpp_fused", "triton_")  # Inductor's generated kernels
 FUSED_ATTENTION = ("softmax", "amax")
 WRAPPERS = ("aten::matmul",)  # its children say what it was: mm (a GEMM) or bmm (attention)

@@ -8,15 +8,25 @@ Attention of a beam's new token = one softmax over [its request's prompt keys, i
 suffix keys]. The prompt part is one batched matmul of all W beams' queries against the
 request's single prompt K/V (no per-beam copy); the suffix part is per beam; the two are
 merged by log-sum-exp (partial.py). Attention runs in float32 (the K/V buffers are float32).
+On a CPU the native kernel (`step_attention_for`) computes the same in one call a layer.
 """
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 from torch import Tensor
 
+from engines.bounded.kernels import native
 from engines.bounded.kernels.partial import merge_partials, partial_softmax
+
+
+def step_attention_for(device: torch.device, log: Callable[[str], None] = print) -> str:
+    """A decode step's attention on `device` (programs/beam.STEP_ATTENTIONS): on a CPU with
+    AVX2 + FMA the native float32 kernel (csrc/beam_attention_f32.cpp; built on first use),
+    in bf16 plans too, since the K/V buffers are float32; the Python one elsewhere."""
+    return "native" if torch.device(device).type == "cpu" and native.F32.load(log) else "python"
 
 
 def key_bias(valid: Tensor) -> Tensor:

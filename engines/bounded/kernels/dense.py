@@ -49,6 +49,10 @@ def swiglu(gate_up: Tensor) -> Tensor:
     # native kernels are loaded: their SwiGLU (csrc/swiglu.cpp, ~4x Inductor's fused kernel)
     if gate_up.dtype == torch.bfloat16 and gate_up.device.type == "cpu" and native.available():
         return torch.ops.bounded_native.swiglu_bf16(gate_up)
+    # float32 where the AVX2 kernels are loaded: theirs (csrc/swiglu_f32.cpp, ~2x Inductor's:
+    # its accurate exponential bounds the fused kernel)
+    if gate_up.dtype == torch.float32 and gate_up.device.type == "cpu" and native.F32.available():
+        return torch.ops.bounded_native_f32.swiglu_f32(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
 

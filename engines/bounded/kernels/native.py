@@ -17,8 +17,11 @@ Where it cannot be had -- no C++ compiler, a CPU without AVX512-BF16, a failed b
 A second library, `F32`, serves the float32 plans (policy auto's choice on a CPU without
 native bf16, e.g. Zen 3 or Ice Lake; the hold-out plans everywhere): `varlen_attention_f32`
 (csrc/varlen_attention_f32.cpp, and its fused q/k norm + RoPE entry), the "native"
-attention of float32 plans and the body of bounded::varlen_attention for float32, and the
-fused float32 beam head (csrc/beam_head_f32.cpp), built for AVX2 + FMA. `BOUNDED_NATIVE=0`
+attention of float32 plans and the body of bounded::varlen_attention for float32; the beam
+decode step's attention (`beam_attention_f32`, csrc/beam_attention_f32.cpp: float32 K/V in
+every plan, so bf16 plans call it too); the fused float32 beam head
+(csrc/beam_head_f32.cpp); and the float32 MLP's SwiGLU (`swiglu_f32`, csrc/swiglu_f32.cpp).
+Built for AVX2 + FMA. `BOUNDED_NATIVE=0`
 turns both off.
 """
 from __future__ import annotations
@@ -63,7 +66,8 @@ class Library:
     of its ops for torch.export. Built once per machine and source, loaded on first use."""
 
     def __init__(self, name: str, sources: tuple[str, ...], cflags: list[str], cpu_ok: Callable[[], bool],
-                 cpu_needs: str, fakes: Callable[[], None], headers: tuple[str, ...] = ("varlen_units.h", "beam_choice.h")):
+                 cpu_needs: str, fakes: Callable[[], None],
+                 headers: tuple[str, ...] = ("varlen_units.h", "beam_choice.h", "f32_kernels.h")):
         self.name, self.sources = name, tuple(Path(__file__).parent / "csrc" / s for s in sources)
         self.headers = tuple(Path(__file__).parent / "csrc" / h for h in headers)  # in the digest, not built
         self.cflags, self.cpu_ok, self.cpu_needs, self.fakes = cflags, cpu_ok, cpu_needs, fakes
@@ -128,12 +132,14 @@ def _bf16_fakes() -> None:
 def _f32_fakes() -> None:
     torch.library.register_fake("bounded_native_f32::varlen_attention_f32")(_fake_varlen_attention)
     torch.library.register_fake("bounded_native_f32::varlen_attention_rope_f32")(_fake_varlen_attention_rope)
+    torch.library.register_fake("bounded_native_f32::beam_attention_f32")(_fake_beam_attention)
+    torch.library.register_fake("bounded_native_f32::swiglu_f32")(_fake_swiglu)
 
 
 BF16 = Library("bf16", ("varlen_attention.cpp", "beam_head.cpp", "swiglu.cpp"), CFLAGS, cpu_has_bf16_dot,
                "AVX512-BF16", _bf16_fakes)
-F32 = Library("float32", ("varlen_attention_f32.cpp", "beam_head_f32.cpp"), CFLAGS_F32, cpu_has_avx2_fma,
-              "AVX2 and FMA", _f32_fakes)
+F32 = Library("float32", ("varlen_attention_f32.cpp", "beam_attention_f32.cpp", "beam_head_f32.cpp", "swiglu_f32.cpp"),
+              CFLAGS_F32, cpu_has_avx2_fma, "AVX2 and FMA", _f32_fakes)
 SOURCES = BF16.sources
 
 # the bf16 library, as most callers name it
@@ -146,6 +152,10 @@ def _fake_swiglu(gate_up: torch.Tensor) -> torch.Tensor:
 
 def _fake_varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
                            prefix: Optional[torch.Tensor] = None) -> torch.Tensor:
+    return q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
+
+
+def _fake_beam_attention(q: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
     return q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
 
 

@@ -46,6 +46,9 @@ class BeamPrefill(nn.Module):
         return hidden, k.contiguous(), v.contiguous()
 
 
+STEP_ATTENTIONS = ("native", "python")
+
+
 class BeamDecodeStep(nn.Module):
     """The transformer body of one decode step of B = R * W beam rows (W rows per request,
     grouped by request).
@@ -54,17 +57,32 @@ class BeamDecodeStep(nn.Module):
     suffix_k/v [layers, B, S, Hkv, D], suffix_len [] (valid slots, the same for all rows))
     -> (final-normed hidden states [B, hidden], new_k/new_v [layers, B, Hkv, D] float32: the
     K/V of `tokens`, for the runtime to store in slot `suffix_len`).
+
+    `attention`: "native", the float32 AVX2 kernel (kernels/native.py: `beam_attention_f32`,
+    one op per layer, the new K/V read where they lie), or "python"
+    (kernels/beam_attention.shared_prefix_attention, any device).
     """
 
-    def __init__(self, model: DecoderModel):
+    def __init__(self, model: DecoderModel, attention: str = "python"):
         super().__init__()
-        self.model = model
+        if attention not in STEP_ATTENTIONS:
+            raise ValueError(f"beam step attention {attention!r}; choose one of {', '.join(STEP_ATTENTIONS)}")
+        self.model, self.attention = model, attention
 
     def forward(self, tokens: Tensor, positions: Tensor, prompt_k: Tensor, prompt_v: Tensor,
                 prompt_len: Tensor, suffix_k: Tensor, suffix_v: Tensor,
                 suffix_len: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         r, b, s, p = prompt_k.shape[1], tokens.shape[0], suffix_k.shape[2], prompt_k.shape[3]
         w = b // r
+        if self.attention == "native":
+            def attend_native(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+                out = torch.ops.bounded_native_f32.beam_attention_f32(
+                    q.float(), k.float(), v.float(), prompt_k[layer], prompt_v[layer], prompt_len,
+                    suffix_k[layer], suffix_v[layer], suffix_len)
+                return out.to(q.dtype)
+
+            hidden, kv = self.model(tokens, positions, attend_native, keep_kv=True)
+            return hidden, torch.stack([k.float() for k, _ in kv]), torch.stack([v.float() for _, v in kv])
         prompt_bias = key_bias(torch.arange(p, device=tokens.device)[None, :] < prompt_len[:, None])
         prompt_bias = prompt_bias[:, None, None, :]  # [R, 1, 1, P]
         slots = torch.arange(s + 1, device=tokens.device)

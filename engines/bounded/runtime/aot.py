@@ -59,6 +59,7 @@ class CompileKey:
     inductor: str = ""  # Inductor settings the package was compiled with (json)
     attention: str = "per_sequence"  # the packed prefill's attention (kernels/attention.py)
     native: bool = False  # the native CPU kernels were loaded (kernels/native.py): the graphs call them
+    step_attention: str = ""  # a beam decode step's attention (programs/beam.STEP_ATTENTIONS); "": no step
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]

@@ -3,10 +3,10 @@ and the three moves of a fixed-step walk over a batch of requests -- `prefill`, 
 `outputs` -- which the beam task's DAG nodes call in order (tasks/beam.py).
 
 Two programs: the beam prefill (dynamic packed tokens, prompts, prompt length) and one
-decode-step graph per width bucket W (fixed W rows per request; dynamic number of requests
-R, so B = W * R rows, and dynamic prompt length P). A request of width w runs in the
-smallest compiled bucket W >= w (the padding rows are wasted work); eagerly, a batch runs
-at its own widest request. Once compiled, the eager model's weights are freed but for the
+decode-step graph per width bucket W (W rows per request; dynamic R requests, B = W * R rows,
+and prompt length P; on a CPU its attention is the native float32 kernel, status
+`step_attention`). A request of width w runs in the smallest compiled bucket W >= w (the
+padding rows are wasted work); eagerly, a batch runs at its own widest request. Once compiled, the eager model's weights are freed but for the
 head, which runs outside the graphs (runtime/beam_head.py). The prompt K/V of each request
 is written once, after the prefill; each beam keeps only its suffix K/V, in two ping-pong
 buffers: reordering beams after a step gathers the suffix rows into the other buffer, and
@@ -29,7 +29,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from engines.bounded.kernels import select
+from engines.bounded.kernels import beam_attention, select
 from engines.bounded.kernels.constraints import ROOT
 from engines.bounded.model.families import read_model_config
 from engines.bounded.model.precision import PrecisionPolicy
@@ -54,6 +54,7 @@ class BeamRuntime(CompiledRuntime):
         super().__init__(model_dir, policy, device, compile_mode, log, attention, plan.max_requests, plan.max_prompt,
                          kernel_profile)
         self.plan, self.banned_ids = plan, list(banned)
+        self.status["step_attention"] = self.step_attention = beam_attention.step_attention_for(self.device, log)
         self.cuda_graphs, self.graph_backend = cuda_graphs, graph_backend
         self.buffers: Optional[BeamBuffers] = None
         self.graphs: Optional[GraphSet] = None
@@ -66,14 +67,13 @@ class BeamRuntime(CompiledRuntime):
     def exports(self) -> list[export.Export]:
         p, d = self.plan, self.device
         cfg = read_model_config(self.model_dir)
-        steps = [export.beam_step(p, w, cfg, lambda: BeamDecodeStep(self.model()).eval(), d)
-                 for w in sorted(set(p.widths))]
+        steps = [export.beam_step(p, w, cfg, lambda: self._program(BeamDecodeStep), d) for w in sorted(set(p.widths))]
         tail = [export.beam_head_tail(p, cfg.vocab, len(self.banned_ids), getattr(torch, self.policy.dtype),
                                       lambda: beam_head.tail_program(cfg.vocab), d)] if self._summarised() else []
         return [export.beam_prefill(p, lambda: self._program(BeamPrefill), d), *steps, *tail]
 
     def eager_graphs(self) -> dict[str, Graph]:
-        graphs = {"beam_prefill": self._program(BeamPrefill), "beam_step": BeamDecodeStep(self.model()).eval()}
+        graphs = {"beam_prefill": self._program(BeamPrefill), "beam_step": self._program(BeamDecodeStep)}
         tail = beam_head.tail_program(read_model_config(self.model_dir).vocab) if self._summarised() else None
         return {**graphs, beam_head.TAIL: tail} if tail is not None else graphs
 
@@ -123,7 +123,7 @@ class BeamRuntime(CompiledRuntime):
                                       "outputs_mib": round(graphs.nbytes() / 2**20, 1)}
 
     def _program(self, cls):
-        return cls(self.model(), self.attention).eval()
+        return cls(self.model(), self.step_attention if cls is BeamDecodeStep else self.attention).eval()
 
     def step_graph(self, width: int) -> tuple[Graph, int]:
         """The decode-step graph for requests of up to `width` beams, and its row width: the

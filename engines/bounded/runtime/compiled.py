@@ -69,6 +69,8 @@ class CompiledRuntime:
     """Subclasses say what to compile (`exports`), what runs eagerly (`eager_graphs`), how to
     size the rotary tables (`max_positions`) and what to build once graphs exist (`serve`)."""
 
+    step_attention = ""  # the beam runtime's decode-step attention (part of the cache key)
+
     def __init__(self, model_dir: Path, policy: PrecisionPolicy, device: str, compile_mode: str = "aot",
                  log: Callable[[str], None] = print, attention: str = "auto", max_sequences: Optional[int] = None,
                  max_len: Optional[int] = None, kernel_profile: bool = False):
@@ -127,7 +129,7 @@ class CompiledRuntime:
                               p.cache_tag(),
                               aot.device_tag(self.device), torch.__version__, shapes,
                               inductor=json.dumps(self.inductor, sort_keys=True), attention=self.attention,
-                              native=self.native)
+                              native=self.native, step_attention=self.step_attention)
 
     def compile(self) -> dict[str, Any]:
         """Load every package, compiling those the cache lacks. -> the status."""

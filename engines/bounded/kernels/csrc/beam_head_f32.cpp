@@ -23,6 +23,7 @@
 #include <immintrin.h>
 
 #include "beam_choice.h"
+#include "f32_kernels.h"
 
 #include <algorithm>
 #include <array>
@@ -34,6 +35,7 @@ namespace {
 
 using bounded::BLK;
 using bounded::RowSum;
+using bounded::f32::hsum;
 using Vec = at::vec::Vectorized<float>;
 
 constexpr int64_t PANEL = 16;   // vocabulary columns per packed panel (two vectors)
@@ -50,30 +52,11 @@ int64_t block_rows(int64_t b) {
   return std::min(ROWS, (per + MR - 1) / MR * MR);
 }
 
-// c[R, 16] (ldc) = a[R, K] (rows lda apart) x one packed panel b[K, 16]. The accumulators are
-// named registers (an array of them was kept on the stack: varlen_attention_f32.cpp).
+// c[R, 16] (ldc) = a[R, K] (rows lda apart) x one packed panel b[K, 16]: the attentions'
+// micro-kernel (f32_kernels.h) with the panel's rows PANEL apart.
 template <int R>
 void micro(const float* a, int64_t lda, const float* b, int64_t kdim, float* c, int64_t ldc) {
-  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00,
-         c40 = c00, c41 = c00, c50 = c00, c51 = c00;
-  for (int64_t p = 0; p < kdim; ++p) {
-    const __m256 b0 = _mm256_loadu_ps(b + p * PANEL), b1 = _mm256_loadu_ps(b + p * PANEL + 8);
-#define BOUNDED_ROW(r)                                                \
-    if constexpr (R > r) {                                            \
-      const __m256 x = _mm256_broadcast_ss(a + r * lda + p);          \
-      c##r##0 = _mm256_fmadd_ps(x, b0, c##r##0);                      \
-      c##r##1 = _mm256_fmadd_ps(x, b1, c##r##1);                      \
-    }
-    BOUNDED_ROW(0) BOUNDED_ROW(1) BOUNDED_ROW(2) BOUNDED_ROW(3) BOUNDED_ROW(4) BOUNDED_ROW(5)
-#undef BOUNDED_ROW
-  }
-#define BOUNDED_STORE(r)                                              \
-  if constexpr (R > r) {                                              \
-    _mm256_storeu_ps(c + r * ldc, c##r##0);                           \
-    _mm256_storeu_ps(c + r * ldc + 8, c##r##1);                       \
-  }
-  BOUNDED_STORE(0) BOUNDED_STORE(1) BOUNDED_STORE(2) BOUNDED_STORE(3) BOUNDED_STORE(4) BOUNDED_STORE(5)
-#undef BOUNDED_STORE
+  bounded::f32::micro<R>(a, lda, b, PANEL, kdim, c, ldc);
 }
 
 using Micro = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t);
@@ -87,12 +70,6 @@ void chunk_logits(const float* hidden, int64_t rows, int64_t kdim, const float* 
     for (int64_t r = 0; r < rows; r += MR)
       MICROS[std::min<int64_t>(MR, rows - r) - 1](hidden + r * kdim, kdim, panel, kdim, buf + r * CHUNK + col, CHUNK);
   }
-}
-
-inline float hsum(__m256 v) {
-  const __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 y = _mm_add_ps(x, _mm_movehl_ps(x, x));
-  return _mm_cvtss_f32(_mm_add_ss(y, _mm_movehdup_ps(y)));
 }
 
 inline float hmax(__m256 v) {

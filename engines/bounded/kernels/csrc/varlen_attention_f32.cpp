@@ -13,7 +13,8 @@
 // rows, whose keys stop at its last row (the upper blocks of the causal triangle are never
 // computed), and per query head of the group: scores = Q K^T, scaled, masked, softmax in
 // float32 (the exponentials summed as they are written, the division deferred to the output
-// rows), P V. Both GEMMs run one register-tiled micro-kernel (6 rows x 16 columns, FMA).
+// rows), P V. Both GEMMs run one register-tiled micro-kernel (6 rows x 16 columns, FMA;
+// f32_kernels.h, shared with the beam step's attention).
 // A second entry, varlen_attention_rope_f32, takes the qkv projection as its GEMM gave it and
 // RMS-norms (Qwen3's q/k norms) and rotates q and k itself as it reads them, like the bf16
 // kernel's: the graph's separate norm + RoPE kernel wrote q and k and read them back.
@@ -25,6 +26,7 @@
 
 #include <immintrin.h>
 
+#include "f32_kernels.h"
 #include "varlen_units.h"
 
 #include <algorithm>
@@ -40,6 +42,11 @@ using Vec = at::vec::Vectorized<float>;
 constexpr int64_t BLOCK = 32;  // query rows per block: its keys stop at its last row
 
 using bounded::Unit;
+using bounded::f32::exp_row;
+using bounded::f32::gemm;
+using bounded::f32::hsum;
+using bounded::f32::round_up;
+using bounded::f32::transpose8;
 
 struct Rows {             // q/k/v [T, H, D], rows `stride` elements apart
   const float* q;
@@ -56,14 +63,6 @@ struct Prep {             // the fused entry: q/k as projected, RMS-normed (weig
   const float* kw = nullptr;
   float eps = 0.0f;
 };
-
-int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
-
-inline float hsum(__m256 v) {
-  const __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 y = _mm_add_ps(x, _mm_movehl_ps(x, x));
-  return _mm_cvtss_f32(_mm_add_ss(y, _mm_movehdup_ps(y)));
-}
 
 // dst[0:d] = rotate(norm(src)) for one head's row at position `pos`, as the graph's norm +
 // RoPE computes it: x * rsqrt(mean(x^2) + eps) * w (no norm where w is nullptr), then the
@@ -99,94 +98,6 @@ constexpr int64_t AHEAD = 4;
 
 inline void prefetch_row(const float* row, int64_t d) {
   for (int64_t b = 0; b < d * 4; b += 64) _mm_prefetch(reinterpret_cast<const char*>(row) + b, _MM_HINT_T0);
-}
-
-// c[R, 16] (ldc) = a[R, kdim] (rows lda apart) x b[kdim, 16] (rows ldb apart). Columns past
-// the caller's width are computed from b's padding and never read. The accumulators are named
-// registers, not an array: gcc kept an array of them on the stack, storing all twelve at every
-// step (a store-bound loop at a quarter of the FMA rate).
-template <int R>
-void micro(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t kdim, float* c, int64_t ldc) {
-  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00,
-         c40 = c00, c41 = c00, c50 = c00, c51 = c00;
-  for (int64_t p = 0; p < kdim; ++p) {
-    const __m256 b0 = _mm256_loadu_ps(b + p * ldb), b1 = _mm256_loadu_ps(b + p * ldb + 8);
-#define BOUNDED_ROW(r)                                                \
-    if constexpr (R > r) {                                            \
-      const __m256 x = _mm256_broadcast_ss(a + r * lda + p);          \
-      c##r##0 = _mm256_fmadd_ps(x, b0, c##r##0);                      \
-      c##r##1 = _mm256_fmadd_ps(x, b1, c##r##1);                      \
-    }
-    BOUNDED_ROW(0) BOUNDED_ROW(1) BOUNDED_ROW(2) BOUNDED_ROW(3) BOUNDED_ROW(4) BOUNDED_ROW(5)
-#undef BOUNDED_ROW
-  }
-#define BOUNDED_STORE(r)                                              \
-  if constexpr (R > r) {                                              \
-    _mm256_storeu_ps(c + r * ldc, c##r##0);                           \
-    _mm256_storeu_ps(c + r * ldc + 8, c##r##1);                       \
-  }
-  BOUNDED_STORE(0) BOUNDED_STORE(1) BOUNDED_STORE(2) BOUNDED_STORE(3) BOUNDED_STORE(4) BOUNDED_STORE(5)
-#undef BOUNDED_STORE
-}
-
-using Micro = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t);
-
-constexpr int64_t MR = 6;  // rows per micro-kernel call: 12 accumulators + 2 of b + 1 broadcast of 16 registers
-
-// c[m, n rounded up to 16] = a[m, kdim] x b[kdim, n]; b's and c's rows hold at least n
-// rounded up to 16 floats.
-void gemm(const float* a, int64_t lda, int64_t m, const float* b, int64_t ldb, int64_t kdim, int64_t n, float* c,
-          int64_t ldc) {
-  static constexpr std::array<Micro, MR> table = {&micro<1>, &micro<2>, &micro<3>, &micro<4>, &micro<5>, &micro<6>};
-  for (int64_t j = 0; j < n; j += 16) {  // a 16-column panel of b stays in L1 across the rows
-    for (int64_t i = 0; i < m; i += MR) table[std::min<int64_t>(MR, m - i) - 1](a + i * lda, lda, b + j, ldb, kdim,
-                                                                                c + i * ldc + j, ldc);
-  }
-}
-
-// row[0:n] = exp(row * scale - max * scale) in place, zero from n up to `width` (a multiple
-// of 8); returns their sum. Whole vectors, the last one's lanes past n zeroed by a mask: a
-// row of a short sequence is mostly its tail.
-float exp_row(float* row, int64_t n, float scale, int64_t width) {
-  const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
-  auto below = [&](int64_t j) { return _mm256_cmp_ps(lane, _mm256_set1_ps(static_cast<float>(n - j)), _CMP_LT_OQ); };
-  __m256 vmax = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(row + j));
-  if (j < n) vmax = _mm256_max_ps(vmax, _mm256_blendv_ps(vmax, _mm256_loadu_ps(row + j), below(j)));
-  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
-  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-  const float mx = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
-  const Vec vscale(scale), vshift(mx * scale);
-  __m256 vsum = _mm256_setzero_ps();
-  for (j = 0; j < n; j += 8) {
-    __m256 e = (Vec::loadu(row + j) * vscale - vshift).exp_u20();
-    if (j + 8 > n) e = _mm256_and_ps(e, below(j));
-    _mm256_storeu_ps(row + j, e);
-    vsum = _mm256_add_ps(vsum, e);
-  }
-  std::fill(row + j, row + width, 0.0f);
-  return hsum(vsum);
-}
-
-// dst[i * ldd + l] = rows[l][c + i] for i, l < 8: an 8 x 8 block of floats transposed in registers.
-inline void transpose8(const float* const* rows, int64_t c, float* dst, int64_t ldd) {
-  __m256 r[8], t[8];
-  for (int l = 0; l < 8; ++l) r[l] = _mm256_loadu_ps(rows[l] + c);
-  for (int l = 0; l < 8; l += 2) {
-    t[l] = _mm256_unpacklo_ps(r[l], r[l + 1]);
-    t[l + 1] = _mm256_unpackhi_ps(r[l], r[l + 1]);
-  }
-  for (int l = 0; l < 8; l += 4) {
-    r[l] = _mm256_shuffle_ps(t[l], t[l + 2], 0x44);
-    r[l + 1] = _mm256_shuffle_ps(t[l], t[l + 2], 0xEE);
-    r[l + 2] = _mm256_shuffle_ps(t[l + 1], t[l + 3], 0x44);
-    r[l + 3] = _mm256_shuffle_ps(t[l + 1], t[l + 3], 0xEE);
-  }
-  for (int l = 0; l < 4; ++l) {
-    _mm256_storeu_ps(dst + l * ldd, _mm256_permute2f128_ps(r[l], r[l + 4], 0x20));
-    _mm256_storeu_ps(dst + (l + 4) * ldd, _mm256_permute2f128_ps(r[l], r[l + 4], 0x31));
-  }
 }
 
 struct Scratch {

@@ -1,5 +1,6 @@
 """The native bf16 SwiGLU (csrc/swiglu.cpp) against silu(gate) * up computed in float64 and
-rounded once to bf16, as the compiled graph's kernel rounds; and dense.swiglu's choice of it."""
+rounded once to bf16, as the compiled graph's kernel rounds; the float32 one (csrc/swiglu_f32.cpp)
+against float64 within a few ulp; and dense.swiglu's choice of them."""
 from __future__ import annotations
 
 import pytest
@@ -44,8 +45,38 @@ def test_native_swiglu_reads_a_strided_view_and_refuses_other_input(swiglu):
         swiglu(torch.randn(4, 31).bfloat16())
 
 
-def test_dense_swiglu_takes_the_native_kernel_for_bf16_only(swiglu):
+def test_dense_swiglu_takes_the_native_kernel_of_its_dtype(swiglu):
     x = torch.randn(9, 2 * 40)
-    torch.testing.assert_close(dense.swiglu(x), F.silu(x[:, :40]) * x[:, 40:], rtol=0, atol=0)  # float32: torch's
+    want = torch.ops.bounded_native_f32.swiglu_f32(x) if native.F32.available() else F.silu(x[:, :40]) * x[:, 40:]
+    torch.testing.assert_close(dense.swiglu(x), want, rtol=0, atol=0)
     xb = x.bfloat16()
     torch.testing.assert_close(dense.swiglu(xb), swiglu(xb), rtol=0, atol=0)
+
+
+@pytest.fixture(scope="module")
+def swiglu_f32():
+    if not native.F32.load(log=lambda _: None):
+        pytest.skip(f"native float32 kernels unavailable here: {native.F32.status()}")
+    return torch.ops.bounded_native_f32.swiglu_f32
+
+
+@pytest.mark.parametrize("rows,inner", [(1, 5), (7, 100), (100, 4864), (300, 33)])
+def test_native_float32_swiglu_is_within_a_few_ulp(swiglu_f32, rows, inner):
+    g = torch.Generator().manual_seed(rows * inner)
+    x = torch.randn(rows, 2 * inner, generator=g) * 4
+    x[0, 0], x[-1, inner - 1] = -120.0, 95.0  # exp's ends: silu -> -0 and -> x
+    got = swiglu_f32(x)
+    exact = _exact(x)
+    assert got.shape == (rows, inner) and got.dtype == torch.float32
+    assert ((got.double() - exact).abs() <= exact.abs() * 2e-6 + 1e-30).all()  # ~16 ulp at most
+    torch.testing.assert_close(dense.swiglu(x), got, rtol=0, atol=0)  # the graphs' SwiGLU is this one
+
+
+def test_native_float32_swiglu_reads_a_strided_view_and_refuses_other_input(swiglu_f32):
+    wide = torch.randn(5, 3 * 48)
+    view = wide[:, : 2 * 48]
+    torch.testing.assert_close(swiglu_f32(view), swiglu_f32(view.contiguous()), rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="float32 CPU"):
+        swiglu_f32(torch.randn(4, 32).double())
+    with pytest.raises(RuntimeError, match="float32 CPU"):
+        swiglu_f32(torch.randn(4, 31))
