@@ -26,6 +26,14 @@ struct RowSum {  // one row's log-sum-exp so far, in one thread's share: m + log
   float m = -std::numeric_limits<float>::infinity(), s = 0.0f;
 };
 
+// two shares of one row's sum as one
+inline RowSum combine(RowSum x, RowSum y) {
+  if (x.s == 0.0f) return y;
+  if (y.s == 0.0f) return x;
+  const float m = std::max(x.m, y.m);
+  return {m, x.s * std::exp(x.m - m) + y.s * std::exp(y.m - m)};
+}
+
 // lse[row] from every thread's share of the row's sum
 inline void merge_sums(const std::vector<std::vector<RowSum>>& sums, int64_t b, float* lse) {
   for (int64_t row = 0; row < b; ++row) {

@@ -70,6 +70,25 @@ def test_native_top_k_is_the_exact_top_k_of_the_log_probabilities(ops, r, w, hid
         assert len(set(flat)) == k
 
 
+@pytest.mark.parametrize("rows,hidden,vocab,banned,late", [(100, 64, 5000, [0, 127, 128, 4999], 1),
+                                                             (13, 96, 1203, [64], 40), (7, 896, 700, [], 1),
+                                                             (1, 32, 129, [128], 40)])
+def test_native_summary_is_the_log_sum_exp_and_block_maxima_of_the_logits(ops, rows, hidden, vocab, banned, late):
+    x, weight = _case(rows * 7 + vocab, rows, hidden, vocab)
+    weight[vocab // 2:] *= late  # 40: later columns far above the first ones, the running reference moves
+    packed = ops.pack_head_bf16(weight)
+    lse, block_max = ops.head_gemm_summary_bf16(x, packed, vocab, torch.tensor(banned, dtype=torch.int64))
+    logits = ops.head_logits_bf16(x, packed, vocab).double()  # the values the summary sees
+    want = logits.logsumexp(-1)
+    # float32 rounding of numbers the size of the lse (exp's own error: < 2e-7)
+    torch.testing.assert_close(lse.double(), want, rtol=0, atol=1e-6 * max(1.0, want.abs().max().item()))
+    kept = logits.clone()
+    kept[:, banned] = -math.inf  # the log-softmax normalises over them; the choice never takes them
+    blocks = -(-vocab // 128)
+    want = torch.nn.functional.pad(kept, (0, blocks * 128 - vocab), value=-math.inf).view(rows, blocks, 128).amax(-1)
+    assert torch.equal(block_max.double(), want)
+
+
 def test_native_top_k_of_only_dead_rows_is_minus_infinity(ops):
     x, weight = _case(1, 4, 64, 600)
     cum = torch.full((1, 4), -math.inf)
