@@ -26,6 +26,10 @@ add_special_tokens=False)` id for id. The backend still encodes:
   Unicode data is newer than either regex engine's.
 Non-ASCII text is NFC'd by the backend's own normalizer (Python's `unicodedata` is of another
 Unicode version); ASCII text is NFC already.
+
+`batch_decoder(tokenizer)` is the way back for beams' ids: the backend's batch decoder, which
+gives transformers' `batch_decode` text where the tokenizer cleans up no spaces, in ~1/4 of the
+time (100 beams of 4 tokens: 0.08 vs 0.35 ms).
 """
 from __future__ import annotations
 
@@ -246,3 +250,11 @@ def _same_letters(pre_tokenizer: Any, split: Any) -> bool:
 def _unassigned(text: str) -> bool:
     """Whether `text` holds a code point Python's Unicode data leaves unassigned (or a surrogate)."""
     return any(unicodedata.category(c) in ("Cn", "Cs") for c in set(text))
+
+
+def batch_decoder(tokenizer: Any) -> Any:
+    """ids lists -> texts, as `tokenizer.batch_decode(ids)` gives them (special tokens kept)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return tokenizer.batch_decode
+    return lambda ids: backend.decode_batch(ids, skip_special_tokens=False)

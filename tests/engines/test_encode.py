@@ -262,3 +262,18 @@ def test_unicode_probe_needs_both_regex_engines_to_know_pythons_letters(encoder)
     assert encode_mod._same_letters(pre, encoder._split)
     assert not encode_mod._same_letters(SplitsAll(), encoder._split)
     assert not encode_mod._same_letters(pre, lambda text: list(text))
+
+
+def test_the_batch_decoder_gives_batch_decode_text(tokenizer):
+    rng = np.random.default_rng(0)
+    special = sorted(tokenizer.all_special_ids)
+    ids = [rng.integers(0, len(tokenizer), size=n).tolist() for n in rng.integers(1, 9, size=300)]
+    ids += [[special[0], 11, special[-1]], [198, 198], [220] * 3]  # special tokens kept; newlines, spaces
+    decode = encode_mod.batch_decoder(tokenizer)
+    assert decode is not tokenizer.batch_decode  # the backend serves the Qwen tokenizer
+    assert decode(ids) == tokenizer.batch_decode(ids)
+
+
+def test_a_tokenizer_that_cleans_up_spaces_decodes_through_transformers(tokenizer, monkeypatch):
+    monkeypatch.setattr(tokenizer, "clean_up_tokenization_spaces", True)
+    assert encode_mod.batch_decoder(tokenizer) == tokenizer.batch_decode

@@ -78,7 +78,7 @@ class BeamHead:
             return self._rows(hidden)
 
     def _threads(self, hidden: Tensor):
-        return threads_for(hidden.device, 2 * hidden.numel() * self.vocab)
+        return threads_for(hidden.device, 2 * hidden.numel() * self.vocab, self.weight.nbytes)  # the weight streams
 
     def top(self, hidden: Tensor, cum: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
         """The fused head and choice: hidden [R * W, hidden], cum [R, W] -> each request's

@@ -49,12 +49,17 @@ Graph = Callable[..., Any]
 # (the tiny model's 15-sample scoring call, ~0.1 GFLOP: 2.5 ms on one thread, 11 ms on two
 # with the other core busy), and a team member a busy core has descheduled stalls them all.
 SERIAL_FLOPS = 2e8
+# ... unless it streams more than this from memory: one core's share of the bandwidth is then
+# the bound (a beam's first step: the 19 MB head weight for one row, usually fetched from DRAM
+# again after the request's other work; Zen 4: 1.8 ms on one thread, 0.9 on two).
+SERIAL_BYTES = 4 * 2**20
 
 
 @contextlib.contextmanager
-def threads_for(device: torch.device, flops: float) -> Iterator[None]:
-    """Run the enclosed CPU work on one thread when it is smaller than SERIAL_FLOPS."""
-    if device.type != "cpu" or flops >= SERIAL_FLOPS:
+def threads_for(device: torch.device, flops: float, nbytes: float = 0) -> Iterator[None]:
+    """Run the enclosed CPU work on one thread when it is smaller than SERIAL_FLOPS and
+    reads less than SERIAL_BYTES."""
+    if device.type != "cpu" or flops >= SERIAL_FLOPS or nbytes >= SERIAL_BYTES:
         yield
         return
     threads = torch.get_num_threads()

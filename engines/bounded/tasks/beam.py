@@ -24,6 +24,7 @@ from engines.bounded.tasks.base import Task
 from engines.bounded.tasks.batcher import Pending
 from engines.bounded.tasks.dag import Dag, Node
 from engines.bounded.tasks.gate import Distance
+from engines.encode import batch_decoder
 from engines.tokens import eos_ids
 
 
@@ -69,6 +70,7 @@ class BeamTask(Task):
         return cls(runtime, config.bounds, plan.beam)
 
     def start(self, tokenizer: Any, warm_up: bool = True) -> None:
+        self._decode = batch_decoder(tokenizer)  # the warm-up formats too
         super().start(tokenizer, warm_up)
         self.tries = TrieCache(self.vocab, self.runtime.device)  # the beams' device: steps index it there
 
@@ -128,6 +130,6 @@ class BeamTask(Task):
     def format(self, batch: BeamBatch) -> list[BeamResult]:
         results = []
         for job, out in zip(batch.jobs, self.runtime.outputs(batch)):
-            texts = self.tokenizer.batch_decode(out.tokens) if out.tokens else []
+            texts = self._decode(out.tokens) if out.tokens else []
             results.append(BeamResult(job.id, [Beam(t, s, p) for t, s, p in zip(out.tokens, texts, out.scores)]))
         return results

@@ -124,7 +124,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> choose(int64_t vocab, const at::T
       }
       const int64_t nbest = std::min<int64_t>(k, static_cast<int64_t>(blocks.size()));
       std::nth_element(blocks.begin(), blocks.begin() + (nbest - 1), blocks.end(), by_score);
-      // 2. those blocks' logits again, value for value, and the best k
+      // 2. those blocks' logits again, value for value, and the best k: where k blocks were
+      //    chosen, each one's best scores at least the k-th block's score, so the k best
+      //    continuations do too and nothing below it is a candidate
+      const float least = nbest == k ? blocks[nbest - 1].score : NEG;
       cand.clear();
       for (int64_t t = 0; t < nbest; ++t) {
         const int64_t i = blocks[t].row, row = q * w + i, c0 = blocks[t].token * BLK;
@@ -133,7 +136,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> choose(int64_t vocab, const at::T
         for (int64_t e = 0; e < nbanned; ++e)
           if (bp[e] >= c0 && bp[e] < c0 + n) x[bp[e] - c0] = NEG;
         const float c = cp[row], l = lse[row];
-        for (int64_t j = 0; j < n; ++j) cand.push_back({c + (x[j] - l), i, c0 + j});
+        for (int64_t j = 0; j < n; ++j) {
+          const float score = c + (x[j] - l);
+          if (score >= least) cand.push_back({score, i, c0 + j});
+        }
       }
       const int64_t n = std::min<int64_t>(k, static_cast<int64_t>(cand.size()));
       std::partial_sort(cand.begin(), cand.begin() + n, cand.end(), by_score);
