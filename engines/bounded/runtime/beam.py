@@ -2,24 +2,21 @@
 and the three moves of a fixed-step walk over a batch of requests -- `prefill`, `step(j)`,
 `outputs` -- which the beam task's DAG nodes call in order (tasks/beam.py).
 
-Two programs: the beam prefill (dynamic packed tokens, prompts, prompt length) and one
-decode-step graph per width bucket W (W rows per request; dynamic R requests, B = W * R rows,
-and prompt length P; on a CPU its attention is the native float32 kernel, status
-`step_attention`). A request of width w runs in the smallest compiled bucket W >= w (the
-padding rows are wasted work); eagerly, a batch runs at its own widest request. Once compiled, the eager model's weights are freed but for the
-head, which runs outside the graphs (runtime/beam_head.py). The prompt K/V of each request
-is written once, after the prefill; each beam keeps only its suffix K/V, in two ping-pong
-buffers: reordering beams after a step gathers the suffix rows into the other buffer, and
-nothing else moves. What a batch carries between the moves is typed in runtime/beam_batch.py.
+Two programs: the beam prefill (dynamic packed tokens, prompts, prompt length) and a
+decode-step graph per width bucket W (W rows a request; dynamic R requests, B = W * R rows,
+prompt length P; on a CPU its attention is the native float32 kernel). A request of width w
+runs in the smallest bucket W >= w (padding rows are wasted work); eagerly, at its batch's
+widest. Compiled, the eager model's weights are freed but for the head (runtime/beam_head.py).
+A prompt's K/V is written once, after the prefill; each beam keeps only its suffix K/V, in
+two ping-pong buffers: reordering beams gathers the suffix rows into the other, nothing else
+moves (a batch's state: runtime/beam_batch.py).
 
-On a GPU the decode step (transformer body and head) is a CUDA graph per (width bucket,
-requests bucket, ping-pong parity), captured at start on the planned buffers
-(runtime/graphs.py): prompts are laid out at the plan's prompt bound (the attention bias
-masks the rest), a batch runs at the smallest requests bucket >= its requests (padding
-requests are masked prompts of length 1 whose rows are never read), and a step only fills
-the static inputs and replays. Nothing on the walk reads the device before the outputs:
-per-batch metadata goes through the staging buffer, per-step scalars are preallocated, the
-choice of beams has fixed shapes. On a CPU the same walk runs each step directly.
+On a GPU the decode step (body and head) is a CUDA graph per (width bucket, requests bucket,
+ping-pong parity), captured at start on the planned buffers (runtime/graphs.py): prompts lie
+at the plan's prompt bound (the attention bias masks the rest), a batch runs at the smallest
+requests bucket >= its requests (padding requests: masked prompts of length 1, rows never
+read), and a step only fills the static inputs and replays. Nothing on the walk reads the
+device before the outputs. On a CPU the same walk runs each step directly.
 """
 from __future__ import annotations
 
@@ -57,6 +54,7 @@ class BeamRuntime(CompiledRuntime):
         self.status["step_attention"] = self.step_attention = beam_attention.step_attention_for(self.device, log)
         self.cuda_graphs, self.graph_backend = cuda_graphs, graph_backend
         self.buffers: Optional[BeamBuffers] = None
+        self._calls: dict[tuple, Callable[[], tuple]] = {}  # uncaptured decode calls by shape
         self.graphs: Optional[GraphSet] = None
 
     # --- build ----------------------------------------------------------------------------
@@ -242,7 +240,9 @@ class BeamRuntime(CompiledRuntime):
         if self.graphs is not None:
             logp, nk, nv = self.graphs.replay((w, rows, parity))
         else:
-            logp, nk, nv = self._step_call(batch.step_graph, w, rows, parity, batch.prompt_stride)()
+            key = (batch.step_graph, w, rows, parity, batch.prompt_stride)  # the buffers' views: once a shape
+            call = self._calls.get(key) or self._calls.setdefault(key, self._step_call(*key))
+            logp, nk, nv = call()
         if t - 1 < self.plan.suffix_slots and t < batch.steps - 1:  # read by a later pass
             dst[0][:, :, t - 1].copy_(nk)
             dst[1][:, :, t - 1].copy_(nv)

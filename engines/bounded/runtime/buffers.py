@@ -165,6 +165,7 @@ class BeamBuffers:
         self.prompt_kv = [torch.zeros(plan.max_requests * per_prompt, **f32) for _ in range(2)]
         self.suffix_kv = [[torch.zeros(plan.max_rows * per_row, **f32) for _ in range(2)]
                           for _ in range(2)]  # [ping|pong][k|v]
+        self._suffix_views: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}
         # the prompts' metadata, and each batch's choice of beams (two [R] index lists) after it
         self.pack = PackBuffers(plan.max_requests * plan.max_prompt, plan.max_requests,
                                 plan.max_prompt, device, extra=2 * plan.max_requests)
@@ -197,7 +198,10 @@ class BeamBuffers:
         return self.logp[:n].view(b, -1), logits
 
     def suffix_views(self, which: int, b: int) -> tuple[Tensor, Tensor]:
-        c = self.cfg
-        shape = (c.layers, b, self.plan.suffix_slots, c.kv_heads, c.head_dim)
-        n = math.prod(shape)
-        return tuple(t[:n].view(shape) for t in self.suffix_kv[which])  # type: ignore[return-value]
+        views = self._suffix_views.get((which, b))  # every step asks for two: made once a shape
+        if views is None:
+            c = self.cfg
+            shape = (c.layers, b, self.plan.suffix_slots, c.kv_heads, c.head_dim)
+            n = math.prod(shape)
+            views = self._suffix_views[(which, b)] = tuple(t[:n].view(shape) for t in self.suffix_kv[which])
+        return views  # type: ignore[return-value]

@@ -2,17 +2,18 @@
 // with no [rows, V] logits written anywhere.
 //
 // head_gemm_summary_bf16: the GEMM hidden [B, K] x weight [V, K]^T, chunk by chunk of CHUNK
-// vocabulary columns split between torch's threads. A chunk's logits (float32 sums of bf16
-// products, rounded to bf16 as a bf16 GEMM's output is) go to a small buffer in L2 and are
-// summarised there while hot: each row's log-sum-exp (every token, the banned ones too: the
-// log-softmax normalises before EOS is banned) and the maximum of each block of BLK tokens
-// (the banned ones -inf).
+// vocabulary columns split between torch's threads. The logits (float32 sums of bf16
+// products, rounded to bf16 as a bf16 GEMM's output is) go to a small buffer -- a group of
+// 64 columns for a block of rows (AVX512-BF16), a chunk (AMX) -- and are summarised there
+// while hot: each row's log-sum-exp (every token, the banned ones too: the log-softmax
+// normalises before EOS is banned) and the maximum of each block of BLK tokens (the banned
+// ones -inf).
 //
 // head_choose_bf16: log p(t | b) = logit - lse[b], a per-row shift, so a block's best
 // continuation scores cum[b] + (block_max - lse[b]) exactly, and a request's best k
 // continuations lie in its best k blocks. Those blocks' logits are computed again (the same
-// micro-kernel, the same values) and their best k are the answer: the exact top-k of W x V
-// continuations from k x BLK candidates.
+// products in the same order, the same values) and their best k are the answer: the exact
+// top-k of W x V continuations from k x BLK candidates.
 //
 // The weight is packed once (pack_head_bf16) into panels of 16 columns holding pairs along
 // the contraction, the layout of the dot-product instruction; the micro-kernel is 6 rows x
@@ -148,8 +149,8 @@ HEAD_TARGET inline __m512 exp2_small(__m512 t) {
 }
 
 // One thread's running summary of the rows it has seen columns of: ref[r] near the row's
-// maximum so far (-inf: none yet), sum[r] 16 lanes of sum exp(x - ref[r]), half[r] 16 lanes
-// of the maxima of the block's first group.
+// maximum so far (-inf: none yet), lanes[r] 16 lanes of sum exp(x - ref[r]), halves[r] 16
+// lanes of the maxima of the block's first group.
 struct FusedSums {
   std::vector<float> ref, lanes, halves, buf;  // [rows], [rows, 16], [rows, 16]; a group's logits [step, 64]
   FusedSums(int64_t rows, int64_t step)

@@ -233,3 +233,16 @@ def test_beam_compile_failure_falls_back_to_eager(tiny_dir, monkeypatch):
         assert_same_beams(output(res), hf_beams(tiny_dir, [1, 2, 3], 4, 2))
     finally:
         e.stop()
+
+
+def test_small_work_runs_on_one_thread_unless_it_streams_much_memory():
+    from engines.bounded.runtime.compiled import SERIAL_BYTES, SERIAL_FLOPS, threads_for
+
+    cpu, before = torch.device("cpu"), torch.get_num_threads()
+    if before < 2:
+        pytest.skip("one thread here: nothing to tell apart")
+    seen = []
+    for flops, nbytes in ((1e6, 0), (SERIAL_FLOPS, 0), (1e6, SERIAL_BYTES)):  # small; many FLOPs; a big weight
+        with threads_for(cpu, flops, nbytes):
+            seen.append(torch.get_num_threads())
+    assert seen == [1, before, before] and torch.get_num_threads() == before
