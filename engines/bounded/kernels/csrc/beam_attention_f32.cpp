@@ -3,10 +3,10 @@
 //
 // A beam row's new token attends to one softmax over its request's prompt keys (shared by
 // the request's W beams, never copied per beam), its own earlier suffix keys (the tokens
-// its beam chose, up to `suffix_len` slots) and its own new key. Work is cut into items of
-// (request, K/V head, block of BEAMS beams), shared out to the threads of torch's pool. Per
-// item the prompt's K^T is packed ([D, P], zero-padded) and its V rows copied (zero-padded
-// to whole vectors), the block's W * g query rows (g query heads per K/V head) gathered;
+// its beam chose, up to `suffix_len` slots) and its own new key. Each request's prompt is
+// packed once per K/V head (K^T [D, P] and the V rows, zero-padded), then the work is cut
+// into items of (request, K/V head, block of BEAMS beams), shared out to the threads of
+// torch's pool. Per item the block's W * g query rows (g query heads per K/V head) gathered;
 // then scores = Q K^T in one GEMM, the few suffix and own-key scores as dot products, one
 // softmax over all of them (its maximum over both parts), P V in a second GEMM plus the
 // suffix terms, divided by the sum last. The Python body ran ~20 small tensor ops per layer
@@ -46,7 +46,12 @@ inline float dot(const float* a, const float* b, int64_t d) {
 }
 
 struct Scratch {
-  std::vector<float> kt, vt, qa, scores, acc, sums, extra;
+  std::vector<float> qa, scores, acc, sums, extra;
+};
+
+struct Prompt {  // one request's keys of one K/V head transposed, its values in whole rows
+  std::vector<float> kt, vt;  // kt[c * ldk + j] = K[j][c], zero past plen; vt [width, D], zero past plen
+  int64_t plen = 0, ldk = 0, width = 0;
 };
 
 struct Step {  // one layer's tensors, as pointers and strides (elements)
@@ -57,26 +62,29 @@ struct Step {  // one layer's tensors, as pointers and strides (elements)
   float* out;  // [B, H*D]
 };
 
-void run_item(const Step& x, int64_t r, int64_t hk, int64_t b0, int64_t nb, float scale, Scratch& s) {
-  const int64_t g = x.hq / x.hkv, d = x.d, m = nb * g;
-  const int64_t plen = x.prompt_len[r];
-  const int64_t ldk = round_up(plen, 16), width = round_up(plen, 8);
-  // the prompt's keys transposed (kt[c * ldk + j] = K[j][c]) and values in whole rows, zero
-  // past plen: P V runs over `width` keys whose probabilities past plen are zero
+// Request r's prompt at K/V head hk, packed once for all its blocks of beams: P V runs over
+// `width` keys whose probabilities past plen are zero.
+void pack_prompt(const Step& x, int64_t r, int64_t hk, Prompt& pr) {
+  const int64_t d = x.d, plen = x.prompt_len[r];
+  pr.plen = plen, pr.ldk = round_up(plen, 16), pr.width = round_up(plen, 8);
   const float* keys = x.pk + (r * x.hkv + hk) * x.p * d;
   const float* vals = x.pv + (r * x.hkv + hk) * x.p * d;
-  s.kt.assign(d * ldk, 0.0f);
+  pr.kt.assign(d * pr.ldk, 0.0f);
   const float* krow[8];
   int64_t j = 0;
   for (; j + 8 <= plen; j += 8) {
     for (int l = 0; l < 8; ++l) krow[l] = keys + (j + l) * d;
-    for (int64_t c = 0; c < d; c += 8) transpose8(krow, c, s.kt.data() + c * ldk + j, ldk);
+    for (int64_t c = 0; c < d; c += 8) transpose8(krow, c, pr.kt.data() + c * pr.ldk + j, pr.ldk);
   }
   for (; j < plen; ++j)
-    for (int64_t c = 0; c < d; ++c) s.kt[c * ldk + j] = keys[j * d + c];
-  s.vt.resize(width * d);
-  std::copy(vals, vals + plen * d, s.vt.data());
-  std::fill(s.vt.begin() + plen * d, s.vt.end(), 0.0f);
+    for (int64_t c = 0; c < d; ++c) pr.kt[c * pr.ldk + j] = keys[j * d + c];
+  pr.vt.assign(pr.width * d, 0.0f);
+  std::copy(vals, vals + plen * d, pr.vt.data());
+}
+
+void run_item(const Step& x, const Prompt& pr, int64_t hk, int64_t b0, int64_t nb, float scale, Scratch& s) {
+  const int64_t g = x.hq / x.hkv, d = x.d, m = nb * g;
+  const int64_t plen = pr.plen, ldk = pr.ldk, width = pr.width;
   // the block's query rows: beam-major, then the g heads of this K/V head
   s.qa.resize(m * d);
   for (int64_t i = 0; i < nb; ++i) {
@@ -85,7 +93,7 @@ void run_item(const Step& x, int64_t r, int64_t hk, int64_t b0, int64_t nb, floa
   }
   s.scores.resize(m * ldk);
   s.acc.resize(m * d);
-  gemm(s.qa.data(), d, m, s.kt.data(), ldk, d, plen, s.scores.data(), ldk);
+  gemm(s.qa.data(), d, m, pr.kt.data(), ldk, d, plen, s.scores.data(), ldk);
   // per row: the suffix and own-key scores, one softmax over them and the prompt's
   float raw[MAX_SUFFIX];  // a row's suffix and own-key scores
   std::fill(raw, raw + MAX_SUFFIX, 0.0f);
@@ -110,7 +118,7 @@ void run_item(const Step& x, int64_t r, int64_t hk, int64_t b0, int64_t nb, floa
       s.sums[row] = exp_row_at(sr, plen, scale, width, mx) + exp_row_at(e, ne, scale, MAX_SUFFIX, mx);
     }
   }
-  gemm(s.scores.data(), ldk, m, s.vt.data(), d, width, d, s.acc.data(), d);
+  gemm(s.scores.data(), ldk, m, pr.vt.data(), d, width, d, s.acc.data(), d);
   for (int64_t i = 0; i < nb; ++i) {
     const int64_t b = b0 + i;
     const float* sv = x.sv + b * x.slots * slot + hk * d;
@@ -174,12 +182,15 @@ at::Tensor beam_attention_f32(const at::Tensor& q, const at::Tensor& k, const at
                vc.stride(0), w, hq, hkv, d, p, slots, valid, out.data_ptr<float>()};
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const int64_t blocks = (w + BEAMS - 1) / BEAMS, items = r * hkv * blocks;
+  std::vector<Prompt> prompts(r * hkv);  // each packed once, read by all its request's blocks
+  at::parallel_for(0, r * hkv, 1, [&](int64_t u0, int64_t u1) {
+    for (int64_t u = u0; u < u1; ++u) pack_prompt(x, u / hkv, u % hkv, prompts[u]);
+  });
   at::parallel_for(0, items, 1, [&](int64_t i0, int64_t i1) {
     Scratch s;
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t req = i / (hkv * blocks), hk = i / blocks % hkv, blk = i % blocks;
-      const int64_t first = blk * BEAMS;
-      run_item(x, req, hk, req * w + first, std::min(BEAMS, w - first), scale, s);
+      const int64_t unit = i / blocks, req = unit / hkv, hk = unit % hkv, first = i % blocks * BEAMS;
+      run_item(x, prompts[unit], hk, req * w + first, std::min(BEAMS, w - first), scale, s);
     }
   });
   return out;
