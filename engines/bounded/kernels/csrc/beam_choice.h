@@ -9,6 +9,8 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
 #include <cmath>
@@ -94,40 +96,48 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> choose(int64_t vocab, const at::T
   int64_t* tp = tokens.data_ptr<int64_t>();
   at::parallel_for(0, nreq, 1, [&](int64_t q0, int64_t q1) {
     [[maybe_unused]] const auto held = setup();
-    std::vector<Scored> blocks, cand;
+    std::vector<Scored> order, blocks, cand;
     alignas(64) float x[BLK];
     for (int64_t q = q0; q < q1; ++q) {
       // 1. the request's best k blocks by cum + (block max - lse): they hold its best k
-      //    continuations (the expression is monotone in the logit). A floor prunes first:
-      //    the k-th best block scores at least the worst of any k blocks' scores, e.g. of
-      //    the rows' best blocks where there are k rows.
-      float floor = NEG;
-      if (w >= k) {
-        std::vector<float> best(w);
-        for (int64_t i = 0; i < w; ++i) {
-          const int64_t row = q * w + i;
-          const float* bm = bmax + row * nb;
-          best[i] = cp[row] + (*std::max_element(bm, bm + nb) - lse[row]);
-        }
-        std::nth_element(best.begin(), best.begin() + (k - 1), best.end(), std::greater<float>());
-        floor = best[k - 1];
-      }
-      blocks.clear();
+      //    continuations (the expression is monotone in the logit). Rows in order of their
+      //    best block offer their blocks to a heap of the k best so far (its top the worst),
+      //    until a row's best cannot enter it: where beams' scores differ by a few nats,
+      //    most rows are never read past their maximum.
+      order.clear();
       for (int64_t i = 0; i < w; ++i) {
         const int64_t row = q * w + i;
+        const float most = at::vec::reduce_all<float>(
+            [](const at::vec::Vectorized<float>& x, const at::vec::Vectorized<float>& y) {
+              return at::vec::maximum(x, y);
+            },
+            bmax + row * nb, nb);
+        order.push_back({cp[row] + (most - lse[row]), i, 0});
+      }
+      std::sort(order.begin(), order.end(), by_score);
+      blocks.clear();
+      for (const Scored& o : order) {
+        if (static_cast<int64_t>(blocks.size()) == k && o.score < blocks.front().score) break;
+        const int64_t row = q * w + o.row;
         const float c = cp[row], l = lse[row];
         const float* bm = bmax + row * nb;
         for (int64_t j = 0; j < nb; ++j) {
-          const float score = c + (bm[j] - l);
-          if (score >= floor) blocks.push_back({score, i, j});
+          const Scored blk{c + (bm[j] - l), o.row, j};
+          if (static_cast<int64_t>(blocks.size()) < k) {
+            blocks.push_back(blk);
+            std::push_heap(blocks.begin(), blocks.end(), by_score);
+          } else if (by_score(blk, blocks.front())) {
+            std::pop_heap(blocks.begin(), blocks.end(), by_score);
+            blocks.back() = blk;
+            std::push_heap(blocks.begin(), blocks.end(), by_score);
+          }
         }
       }
-      const int64_t nbest = std::min<int64_t>(k, static_cast<int64_t>(blocks.size()));
-      std::nth_element(blocks.begin(), blocks.begin() + (nbest - 1), blocks.end(), by_score);
+      const int64_t nbest = static_cast<int64_t>(blocks.size());
       // 2. those blocks' logits again, value for value, and the best k: where k blocks were
       //    chosen, each one's best scores at least the k-th block's score, so the k best
       //    continuations do too and nothing below it is a candidate
-      const float least = nbest == k ? blocks[nbest - 1].score : NEG;
+      const float least = nbest == k ? blocks.front().score : NEG;
       cand.clear();
       for (int64_t t = 0; t < nbest; ++t) {
         const int64_t i = blocks[t].row, row = q * w + i, c0 = blocks[t].token * BLK;
