@@ -86,13 +86,16 @@ HEAD_TARGET inline __m512 round_bf16(__m512 x) {
 }
 
 // c[M, 64] (ldc) = bf16(a[M, 2 k2] (lda) x the 4 panels at b (each k2 x 16 pairs, `panel` apart)).
-// Every output lane sums its K products in the same order whatever M is.
+// Every output lane sums its K products in the same order whatever M is. Inlined into a loop
+// over rows (group_logits) its accumulators stay in registers; beside the summary's
+// constants gcc kept them on the stack.
 template <int M>
-HEAD_TARGET void micro(const BFloat16* a, int64_t lda, const BFloat16* b, int64_t panel, int64_t k2, float* c,
-                       int64_t ldc) {
+HEAD_TARGET __attribute__((always_inline)) inline void micro_inline(const BFloat16* a, int64_t lda, const BFloat16* b,
+                                                                    int64_t panel, int64_t k2, float* c, int64_t ldc) {
   __m512 acc[M][GROUP];
   for (int r = 0; r < M; ++r)
     for (int g = 0; g < GROUP; ++g) acc[r][g] = _mm512_setzero_ps();
+#pragma GCC unroll 2
   for (int64_t kk = 0; kk < k2; ++kk) {
     __m512bh bv[GROUP];
     for (int g = 0; g < GROUP; ++g) bv[g] = (__m512bh)_mm512_loadu_si512(b + g * panel + kk * 2 * PANEL);
@@ -105,6 +108,12 @@ HEAD_TARGET void micro(const BFloat16* a, int64_t lda, const BFloat16* b, int64_
   }
   for (int r = 0; r < M; ++r)
     for (int g = 0; g < GROUP; ++g) _mm512_storeu_ps(c + r * ldc + g * PANEL, round_bf16(acc[r][g]));
+}
+
+template <int M>
+HEAD_TARGET void micro(const BFloat16* a, int64_t lda, const BFloat16* b, int64_t panel, int64_t k2, float* c,
+                       int64_t ldc) {
+  micro_inline<M>(a, lda, b, panel, k2, c, ldc);
 }
 
 using Micro = void (*)(const BFloat16*, int64_t, const BFloat16*, int64_t, int64_t, float*, int64_t);
@@ -193,43 +202,19 @@ HEAD_TARGET inline void block_max(__m512 mx, Half half, float* held, float* bm) 
     *bm = _mm512_reduce_max_ps(half == Half::SECOND ? _mm512_max_ps(mx, _mm512_loadu_ps(held)) : mx);
 }
 
-// out[M, 64] (ld 64) = the logits of M rows (a, ld lda) at the group's 4 panels (at b),
-// rounded to bf16 as micro's. Inlined into a loop over the rows, apart from the epilogue:
-// beside the epilogue's constants gcc keeps the accumulators on the stack.
-template <int M>
-HEAD_TARGET __attribute__((always_inline)) inline void group_products(const BFloat16* a, int64_t lda, const BFloat16* b,
-                                                                      int64_t panel, int64_t k2, float* out) {
-  __m512 acc[M][GROUP];
-  for (int r = 0; r < M; ++r)
-    for (int g = 0; g < GROUP; ++g) acc[r][g] = _mm512_setzero_ps();
-#pragma GCC unroll 2
-  for (int64_t kk = 0; kk < k2; ++kk) {
-    __m512bh bv[GROUP];
-    for (int g = 0; g < GROUP; ++g) bv[g] = (__m512bh)_mm512_loadu_si512(b + g * panel + kk * 2 * PANEL);
-    for (int r = 0; r < M; ++r) {
-      int32_t word;
-      std::memcpy(&word, a + r * lda + 2 * kk, sizeof(word));
-      const __m512bh av = (__m512bh)_mm512_set1_epi32(word);
-      for (int g = 0; g < GROUP; ++g) acc[r][g] = _mm512_dpbf16_ps(acc[r][g], av, bv[g]);
-    }
-  }
-  for (int r = 0; r < M; ++r)
-    for (int g = 0; g < GROUP; ++g) _mm512_storeu_ps(out + r * GROUP * PANEL + g * PANEL, round_bf16(acc[r][g]));
-}
-
 // buf[rows, 64] = the logits of hidden rows [0, rows) (ld kdim) at one group (panels at b)
 HEAD_TARGET void group_logits(const BFloat16* hidden, int64_t rows, int64_t kdim, const BFloat16* b, float* buf) {
   const int64_t k2 = kdim / 2, panel = k2 * 2 * PANEL, ld = GROUP * PANEL;
   int64_t r = 0;
-  for (; r + MR <= rows; r += MR) group_products<MR>(hidden + r * kdim, kdim, b, panel, k2, buf + r * ld);
+  for (; r + MR <= rows; r += MR) micro_inline<MR>(hidden + r * kdim, kdim, b, panel, k2, buf + r * ld, ld);
   const BFloat16* a = hidden + r * kdim;
   float* out = buf + r * ld;
   switch (rows - r) {
-    case 1: group_products<1>(a, kdim, b, panel, k2, out); break;
-    case 2: group_products<2>(a, kdim, b, panel, k2, out); break;
-    case 3: group_products<3>(a, kdim, b, panel, k2, out); break;
-    case 4: group_products<4>(a, kdim, b, panel, k2, out); break;
-    case 5: group_products<5>(a, kdim, b, panel, k2, out); break;
+    case 1: micro_inline<1>(a, kdim, b, panel, k2, out, ld); break;
+    case 2: micro_inline<2>(a, kdim, b, panel, k2, out, ld); break;
+    case 3: micro_inline<3>(a, kdim, b, panel, k2, out, ld); break;
+    case 4: micro_inline<4>(a, kdim, b, panel, k2, out, ld); break;
+    case 5: micro_inline<5>(a, kdim, b, panel, k2, out, ld); break;
     default: break;
   }
 }
