@@ -212,15 +212,18 @@ HEAD_TARGET void group_logits(const BFloat16* hidden, int64_t rows, int64_t kdim
   // streams the prefetcher follows; asking as well cost ~3 % at K = 896.)
   const char* next = reinterpret_cast<const char*>(b + GROUP * panel);
   const int64_t bytes = GROUP * panel * static_cast<int64_t>(sizeof(BFloat16));
-  const int64_t calls = std::max<int64_t>(1, rows / MR), lines = bytes <= PREFETCH_BYTES ? bytes / 64 : 0;
+  const int64_t calls = (rows + MR - 1) / MR, lines = bytes <= PREFETCH_BYTES ? bytes / 64 : 0;
   const int64_t per = (lines + calls - 1) / calls;
   int64_t line = 0;
+  const auto ask = [&] {
+    for (const int64_t end = std::min(lines, line + per); line < end; ++line) _mm_prefetch(next + line * 64, _MM_HINT_T1);
+  };
   int64_t r = 0;
   for (; r + MR <= rows; r += MR) {
-    for (const int64_t end = std::min(lines, line + per); line < end; ++line)
-      _mm_prefetch(next + line * 64, _MM_HINT_T1);
+    ask();
     micro_inline<MR>(hidden + r * kdim, kdim, b, panel, k2, buf + r * ld, ld);
   }
+  ask();
   const BFloat16* a = hidden + r * kdim;
   float* out = buf + r * ld;
   switch (rows - r) {
