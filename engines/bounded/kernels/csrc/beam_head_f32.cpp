@@ -42,6 +42,7 @@ constexpr int64_t PANEL = 16;   // vocabulary columns per packed panel (two vect
 constexpr int MR = 6;           // rows per micro-kernel call
 constexpr int64_t CHUNK = 256;  // columns a thread computes for a block of rows, then summarises
 constexpr int64_t ROWS = 120;   // rows per block at most: ROWS x CHUNK float32 (120 KB) stay in L2
+constexpr int64_t PREFETCH_BYTES = 16 << 10;  // a panel (K <= 256) chunk_logits prefetches
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 
 int64_t padded_columns(int64_t v) { return (v + CHUNK - 1) / CHUNK * CHUNK; }
@@ -63,12 +64,21 @@ using Micro = void (*)(const float*, int64_t, const float*, int64_t, float*, int
 constexpr std::array<Micro, MR> MICROS = {&micro<1>, &micro<2>, &micro<3>, &micro<4>, &micro<5>, &micro<6>};
 
 // buf[rows, CHUNK] = the logits of `rows` hidden rows at columns [c0, c0 + CHUNK): panel by
-// panel, each panel read from L2 once per 6 rows
+// panel, each panel read from L2 once per 6 rows. With a small contraction a call reads its
+// panel (4 KB at K = 64) too briefly for the hardware's prefetcher to run ahead, so the next
+// panel is asked into L2 a share per call (as beam_head.cpp's group_logits).
 void chunk_logits(const float* hidden, int64_t rows, int64_t kdim, const float* packed, int64_t c0, float* buf) {
+  const int64_t bytes = kdim * PANEL * static_cast<int64_t>(sizeof(float)), calls = (rows + MR - 1) / MR;
+  const int64_t lines = bytes <= PREFETCH_BYTES ? bytes / 64 : 0, per = (lines + calls - 1) / calls;
   for (int64_t col = 0; col < CHUNK; col += PANEL) {
     const float* panel = packed + (c0 + col) / PANEL * kdim * PANEL;
-    for (int64_t r = 0; r < rows; r += MR)
+    const char* next = reinterpret_cast<const char*>(panel + kdim * PANEL);
+    int64_t line = 0;
+    for (int64_t r = 0; r < rows; r += MR) {
+      for (const int64_t end = std::min(lines, line + per); line < end; ++line)
+        _mm_prefetch(next + line * 64, _MM_HINT_T1);
       MICROS[std::min<int64_t>(MR, rows - r) - 1](hidden + r * kdim, kdim, panel, kdim, buf + r * CHUNK + col, CHUNK);
+    }
   }
 }
 
