@@ -212,7 +212,7 @@ HEAD_TARGET void group_logits(const BFloat16* hidden, int64_t rows, int64_t kdim
   // streams the prefetcher follows; asking as well cost ~3 % at K = 896.)
   const char* next = reinterpret_cast<const char*>(b + GROUP * panel);
   const int64_t bytes = GROUP * panel * static_cast<int64_t>(sizeof(BFloat16));
-  const int64_t calls = (rows + MR - 1) / MR, lines = bytes <= PREFETCH_BYTES ? bytes / 64 : 0;
+  const int64_t calls = std::max<int64_t>(1, (rows + MR - 1) / MR), lines = bytes <= PREFETCH_BYTES ? bytes / 64 : 0;
   const int64_t per = (lines + calls - 1) / calls;
   int64_t line = 0;
   const auto ask = [&] {

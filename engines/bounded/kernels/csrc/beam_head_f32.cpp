@@ -68,7 +68,7 @@ constexpr std::array<Micro, MR> MICROS = {&micro<1>, &micro<2>, &micro<3>, &micr
 // panel (4 KB at K = 64) too briefly for the hardware's prefetcher to run ahead, so the next
 // panel is asked into L2 a share per call (as beam_head.cpp's group_logits).
 void chunk_logits(const float* hidden, int64_t rows, int64_t kdim, const float* packed, int64_t c0, float* buf) {
-  const int64_t bytes = kdim * PANEL * static_cast<int64_t>(sizeof(float)), calls = (rows + MR - 1) / MR;
+  const int64_t bytes = kdim * PANEL * static_cast<int64_t>(sizeof(float)), calls = std::max<int64_t>(1, (rows + MR - 1) / MR);
   const int64_t lines = bytes <= PREFETCH_BYTES ? bytes / 64 : 0, per = (lines + calls - 1) / calls;
   for (int64_t col = 0; col < CHUNK; col += PANEL) {
     const float* panel = packed + (c0 + col) / PANEL * kdim * PANEL;
