@@ -33,10 +33,8 @@
 #include <torch/library.h>
 
 #include <immintrin.h>
-#include <cpuid.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
+#include "amx_tiles.h"
 #include "beam_choice.h"
 
 #include <algorithm>
@@ -52,7 +50,6 @@ using at::BFloat16;
 using Vec = at::vec::Vectorized<float>;
 
 #define HEAD_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
-#define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 
 constexpr int64_t PANEL = 16;   // vocabulary columns per packed panel (one vector)
 constexpr int GROUP = 4;        // panels per micro-kernel call: 64 columns
@@ -290,18 +287,10 @@ HEAD_TARGET void chunk_summary(const BFloat16* hidden, int64_t r0, int64_t rows,
 
 // --- the AMX form -----------------------------------------------------------------------
 
-// AMX-BF16 and AMX-TILE (CPUID leaf 7, EDX bits 22 and 24) and Linux's leave for this process
-// to use the tile data (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA); BOUNDED_HEAD_AMX=0
-// keeps the AVX512-BF16 form (to compare the two).
+// which form serves is fixed per process: AMX where amx_tiles.h allows it (BOUNDED_HEAD_AMX=0
+// keeps the AVX512-BF16 form, to compare the two)
 bool amx_permitted() {
-  static const bool ok = [] {
-    const char* env = std::getenv("BOUNDED_HEAD_AMX");
-    if (env != nullptr && std::strcmp(env, "0") == 0) return false;
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((d >> 22) & 1u) || !((d >> 24) & 1u)) return false;
-    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-  }();
+  static const bool ok = bounded::amx_permitted("BOUNDED_HEAD_AMX");
   return ok;
 }
 
@@ -311,25 +300,7 @@ constexpr int64_t TILE_ROWS = 16;
 // the AMX form serves a contraction of whole tile steps
 bool use_amx(int64_t kdim) { return kdim % KT == 0 && amx_permitted(); }
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-// tiles 0-3 the sums (m rows x 16 float32), 4-5 the rows of hidden (m x 32 bf16), 6-7 two
-// panels (16 pairs x 16 columns)
-AMX_TARGET void configure_tiles(int m) {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = static_cast<uint8_t>(t < 6 ? m : TILE_ROWS);
-  }
-  // the whole 64 bytes as the operand (the intrinsic names only its first 8, and the compiler
-  // may then drop the stores of the rest)
-  asm volatile("ldtilecfg %0" ::"m"(cfg));
-}
+using bounded::Tiles;
 
 // c[RT tiles of rows, 32 columns] (ldc floats, not rounded) = a (RT x m rows, lda apart)
 // x the 2 panels at b (`panel` apart), over kt steps of KT
@@ -395,8 +366,6 @@ AMX_TARGET void row_logits_amx(const BFloat16* row, int64_t kdim, const BFloat16
   round_row(x, n);
 }
 
-AMX_TARGET void release_tiles() { _tile_release(); }
-
 // The form that computes a call's logits: hidden rows as given (AVX512-BF16), or copied into
 // whole 16-row tiles (AMX), the thread's tiles configured while it lives.
 struct Logits {
@@ -428,17 +397,6 @@ struct Logits {
   }
   // a buffer for `chunk`: whole tiles of rows
   int64_t buffer_rows() const { return amx ? (step + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS : step; }
-};
-
-// While a thread computes with tiles: configured on entry, released on exit.
-struct Tiles {
-  bool on;
-  Tiles(bool amx, int m) : on(amx) {
-    if (on) configure_tiles(m);
-  }
-  ~Tiles() {
-    if (on) release_tiles();
-  }
 };
 
 // One pass over a chunk row's n logits, each rounded to bf16 as it is read (a no-op where the
