@@ -23,6 +23,7 @@
 
 #include <immintrin.h>
 
+#include "amx_tiles.h"
 #include "varlen_units.h"
 
 #include <algorithm>
@@ -168,6 +169,57 @@ void gemm_pairs(const BFloat16* a, int64_t lda, int64_t m, const uint32_t* b, in
   }
 }
 
+// The same products on AMX tiles, where the CPU has them (tiles configured for 16 rows):
+// c[16 RT rows, 16 CT columns] (float32, ldc) = a[16 RT rows, lda apart] x b (pairs, ldb words
+// a pair row), over kt steps of 16 pairs. a's and c's rows past the block's are scratch.
+template <int RT, int CT>
+AMX_TARGET void tile_block(const BFloat16* a, int64_t lda, const uint32_t* b, int64_t ldb, int64_t kt, float* c,
+                           int64_t ldc) {
+  _tile_zero(0);
+  if (CT == 2) _tile_zero(1);
+  if (RT == 2) {
+    _tile_zero(2);
+    if (CT == 2) _tile_zero(3);
+  }
+  for (int64_t t = 0; t < kt; ++t) {
+    _tile_loadd(6, b + t * 16 * ldb, ldb * sizeof(uint32_t));
+    if (CT == 2) _tile_loadd(7, b + t * 16 * ldb + 16, ldb * sizeof(uint32_t));
+    _tile_loadd(4, a + t * 32, lda * sizeof(BFloat16));
+    _tile_dpbf16ps(0, 4, 6);
+    if (CT == 2) _tile_dpbf16ps(1, 4, 7);
+    if (RT == 2) {
+      _tile_loadd(5, a + 16 * lda + t * 32, lda * sizeof(BFloat16));
+      _tile_dpbf16ps(2, 5, 6);
+      if (CT == 2) _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, c, ldc * sizeof(float));
+  if (CT == 2) _tile_stored(1, c + 16, ldc * sizeof(float));
+  if (RT == 2) {
+    _tile_stored(2, c + 16 * ldc, ldc * sizeof(float));
+    if (CT == 2) _tile_stored(3, c + 16 * ldc + 16, ldc * sizeof(float));
+  }
+}
+
+// c[16 rt rows, n] = a[16 rt rows, 32 kt] x b (pairs): rt 1 or 2, n a multiple of 16
+void tile_gemm(const BFloat16* a, int64_t lda, int64_t rt, const uint32_t* b, int64_t ldb, int64_t kt, int64_t n,
+               float* c, int64_t ldc) {
+  for (int64_t j = 0; j < n; j += 32) {
+    const bool two = n - j >= 32;
+    if (rt == 2)
+      two ? tile_block<2, 2>(a, lda, b + j, ldb, kt, c + j, ldc) : tile_block<2, 1>(a, lda, b + j, ldb, kt, c + j, ldc);
+    else
+      two ? tile_block<1, 2>(a, lda, b + j, ldb, kt, c + j, ldc) : tile_block<1, 1>(a, lda, b + j, ldb, kt, c + j, ldc);
+  }
+}
+
+// Whether the products run on AMX tiles (head dims of whole tile steps, 32): fixed per process
+// (BOUNDED_ATTENTION_AMX=0 keeps the AVX512-BF16 form, to compare the two).
+bool use_amx(int64_t d) {
+  static const bool ok = bounded::amx_permitted("BOUNDED_ATTENTION_AMX");
+  return ok && d % 32 == 0;
+}
+
 // dst[p * ldd + j] = words[row[j] + p] for j < n, p < np: the [n, np] matrix of 32-bit words
 // whose row j starts at words + row[j], transposed. 16 rows at a time: one masked gather per
 // word column, one 64-byte store (a word-by-word transpose scatters 4-byte stores ldd apart).
@@ -225,19 +277,33 @@ int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 struct Scratch {
   std::vector<uint32_t> kt, vt;  // keys and values in pairs
   std::vector<float> scores, acc, sums;
-  std::vector<BFloat16> probs, qp, kp;  // rows prepared by prep_row
+  std::vector<BFloat16> probs, qp, kp;  // rows prepared by prep_row (AMX: copied, whole tiles)
+  bool tiles = false;                   // this worker's AMX tiles configured
+  Scratch() = default;
+  Scratch(const Scratch&) = delete;
+  ~Scratch() {
+    if (tiles) bounded::release_tiles();
+  }
 };
 
 void run_unit(const Unit& u, const Rows& x, const Prep& prep, BFloat16* out, int64_t hq, int64_t hkv, int64_t d,
               float scale, Scratch& w) {
+  const bool amx = use_amx(d);
+  if (amx && !w.tiles) {
+    bounded::configure_tiles(16);
+    w.tiles = true;
+  }
   const int64_t g = hq / hkv;
   const int64_t keys = u.pre_len + (u.own1 - u.own0);
   const int64_t ldk = round_up(keys, 16), kpairs = (keys + 1) / 2;
   auto key_row = [&](int64_t j) { return j < u.pre_len ? u.pre0 + j : u.own0 + (j - u.pre_len); };
   // once per unit, for all its blocks: K^T in pairs along d, kt[p * ldk + j] = (K[j][2p],
-  // K[j][2p+1]); V in pairs along the keys, vt[p * d + c] = (V[2p][c], V[2p+1][c])
+  // K[j][2p+1]); V in pairs along the keys, vt[p * d + c] = (V[2p][c], V[2p+1][c]) (AMX: zero
+  // pairs to a whole tile step, 32 keys)
   w.kt.assign(d / 2 * ldk, 0u);
-  w.vt.resize(kpairs * d);
+  const int64_t vpairs = amx ? round_up(kpairs, 16) : kpairs;
+  w.vt.resize(vpairs * d);
+  std::fill(w.vt.begin() + kpairs * d, w.vt.end(), 0u);
   // the keys' rows as 32-bit words (a pair of bf16 each): prepared (normed + rotated) into
   // scratch first where the entry prepares them, else read where they lie
   const uint32_t* kwords;
@@ -262,16 +328,17 @@ void run_unit(const Unit& u, const Rows& x, const Prep& prep, BFloat16* out, int
       prefetch_row(x.v + key_row(a) * x.vs + u.head * d, d);
     interleave_rows(v0, v1, d, w.vt.data() + p * d);
   }
-  const int64_t rows = std::min<int64_t>(BLOCK, u.own1 - u.own0);
-  w.scores.resize(rows * ldk);
-  w.probs.resize(rows * 2 * kpairs);
-  w.acc.resize(rows * d);
+  // a block's rows: whole 16-row tiles where AMX computes (the rows past the block are scratch)
+  const int64_t rows = std::min<int64_t>(BLOCK, u.own1 - u.own0), buf_rows = amx ? round_up(rows, 16) : rows;
+  w.scores.resize(buf_rows * ldk);
+  w.probs.resize(buf_rows * (amx ? round_up(keys, 32) : 2 * kpairs));
+  w.acc.resize(buf_rows * d);
   w.sums.resize(rows);
-  if (prep.cos != nullptr) w.qp.resize(rows * d);
+  if (prep.cos != nullptr || amx) w.qp.resize(buf_rows * d);
   for (int64_t r0 = u.own0; r0 < u.own1; r0 += BLOCK) {
-    const int64_t m = std::min(BLOCK, u.own1 - r0);
+    const int64_t m = std::min(BLOCK, u.own1 - r0), rt = (m + 15) / 16;
     const int64_t seen = u.pre_len + (r0 + m - u.own0);  // keys up to the block's last row
-    const int64_t pairs = (seen + 1) / 2, width = 2 * pairs;
+    const int64_t pairs = (seen + 1) / 2, width = amx ? round_up(seen, 32) : 2 * pairs;
     for (int64_t gi = 0; gi < g; ++gi) {
       const int64_t h = u.head * g + gi;
       const BFloat16* qa = x.q + r0 * x.qs + h * d;
@@ -283,13 +350,23 @@ void run_unit(const Unit& u, const Rows& x, const Prep& prep, BFloat16* out, int
         }
         qa = w.qp.data();
         lda = d;
+      } else if (amx) {  // a tile reads whole 16-row blocks: the rows past the batch's last are not there
+        for (int64_t r = 0; r < m; ++r) std::memcpy(w.qp.data() + r * d, qa + r * x.qs, d * sizeof(BFloat16));
+        qa = w.qp.data();
+        lda = d;
       }
-      gemm_pairs(qa, lda, m, w.kt.data(), ldk, d / 2, seen, w.scores.data(), ldk);
+      if (amx)
+        tile_gemm(qa, lda, rt, w.kt.data(), ldk, d / 32, round_up(seen, 16), w.scores.data(), ldk);
+      else
+        gemm_pairs(qa, lda, m, w.kt.data(), ldk, d / 2, seen, w.scores.data(), ldk);
       for (int64_t r = 0; r < m; ++r) {
         const int64_t valid = u.pre_len + (r0 + r - u.own0) + 1;  // causal: keys up to this row
         w.sums[r] = exp_row(w.scores.data() + r * ldk, valid, scale, w.probs.data() + r * width, width);
       }
-      gemm_pairs(w.probs.data(), width, m, w.vt.data(), d, pairs, d, w.acc.data(), d);
+      if (amx)
+        tile_gemm(w.probs.data(), width, rt, w.vt.data(), d, width / 32, d, w.acc.data(), d);
+      else
+        gemm_pairs(w.probs.data(), width, m, w.vt.data(), d, pairs, d, w.acc.data(), d);
       for (int64_t r = 0; r < m; ++r) normalise_row(w.acc.data() + r * d, 1.0f / w.sums[r], d, out + (r0 + r) * hq * d + h * d);
     }
   }
@@ -378,6 +455,7 @@ TORCH_LIBRARY(bounded_native, m) {
   m.def("varlen_attention_bf16(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, Tensor? prefix=None) -> Tensor");
   m.def("varlen_attention_rope_bf16(Tensor qkv, int hq, int hkv, Tensor? q_norm, Tensor? k_norm, float eps, "
         "Tensor cos, Tensor sin, Tensor positions, Tensor cu_seqlens, Tensor? prefix=None) -> Tensor");
+  m.def("attention_uses_amx(int head_dim) -> bool", [](int64_t d) { return use_amx(d); });
 }
 
 TORCH_LIBRARY_IMPL(bounded_native, CPU, m) {

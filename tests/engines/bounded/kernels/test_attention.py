@@ -3,8 +3,12 @@ query's items), and their side effects on the process: the varlen attention's
 single-threaded workers must not make threads started later single-threaded too."""
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -213,6 +217,35 @@ def test_native_attention_is_the_ops_body_and_independent_of_threads(native_kern
     body = (torch.ops.bounded_native_f32.varlen_attention_f32(q32, k32, v32, b.cu_seqlens, b.prefix)
             if native.F32.available() else kernels.varlen_attention_cpu(q32, k32, v32, list(b.spans), b.prefix.tolist()))
     assert torch.equal(kernels.varlen_attention(q32, k32, v32, b.cu_seqlens, b.prefix), body)
+
+
+AMX_DOTS = """
+import sys, torch
+from engines.bounded.kernels import native
+native.load(log=lambda _: None)
+x = torch.load(sys.argv[1])
+assert not torch.ops.bounded_native.attention_uses_amx(x["q"].shape[-1]), "BOUNDED_ATTENTION_AMX=0 ignored"
+torch.save(torch.ops.bounded_native.varlen_attention_bf16(x["q"], x["k"], x["v"], x["cu"], x["prefix"]), sys.argv[2])
+"""
+
+
+def test_native_attention_on_amx_tiles_is_the_dot_products_up_to_summation_order(native_kernel, tmp_path):
+    """Where the CPU has AMX the attention's products run on tiles; a process told
+    BOUNDED_ATTENTION_AMX=0 runs the AVX512-BF16 dot products. The same outputs, but for the
+    few that a float32 sum in another order rounds the other way."""
+    if not torch.ops.bounded_native.attention_uses_amx(128):
+        pytest.skip("the attention runs on no AMX tiles on this CPU")
+    rng = random.Random(5)
+    b, q, k, v = random_batch(rng, 16, 8, 128, torch.bfloat16)
+    torch.save({"q": q, "k": k, "v": v, "cu": b.cu_seqlens, "prefix": b.prefix}, tmp_path / "in.pt")
+    root = Path(__file__).resolve().parents[4]
+    subprocess.run([sys.executable, "-c", AMX_DOTS, str(tmp_path / "in.pt"), str(tmp_path / "out.pt")], cwd=root,
+                   env={**os.environ, "BOUNDED_ATTENTION_AMX": "0"}, check=True, timeout=300)
+    dots, tiles = torch.load(tmp_path / "out.pt"), native_kernel(q, k, v, b.cu_seqlens, b.prefix)
+    # a score summed in another order may round its probability the other way: an output then
+    # moves by about a bf16 step of itself, or of the values it sums (~0.5 here) where it is small
+    assert torch.allclose(tiles.float(), dots.float(), rtol=2.0 ** -7, atol=2.0 ** -8)
+    assert (tiles != dots).float().mean().item() < 0.01
 
 
 @pytest.fixture(scope="module")
