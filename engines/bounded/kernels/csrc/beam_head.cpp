@@ -55,6 +55,8 @@ constexpr int64_t PANEL = 16;   // vocabulary columns per packed panel (one vect
 constexpr int GROUP = 4;        // panels per micro-kernel call: 64 columns
 constexpr int MR = 6;           // rows per micro-kernel call
 constexpr int64_t CHUNK = 512;  // columns a thread computes for a block of rows, then summarises
+// a chunk buffer's row stride: a 2 KB stride put a tile's 16 rows in two L1 sets
+constexpr int64_t LDC = CHUNK + 16;
 constexpr int64_t PREFETCH_BYTES = 16 << 10;  // a group's panels (K <= 128) the summary prefetches
 constexpr int64_t ROWS = 120;   // rows per block at most: ROWS x CHUNK float32 (240 KB) stay in L2
 
@@ -117,7 +119,7 @@ HEAD_TARGET void micro(const BFloat16* a, int64_t lda, const BFloat16* b, int64_
 using Micro = void (*)(const BFloat16*, int64_t, const BFloat16*, int64_t, int64_t, float*, int64_t);
 constexpr Micro MICROS[MR] = {&micro<1>, &micro<2>, &micro<3>, &micro<4>, &micro<5>, &micro<6>};
 
-// buf[rows, CHUNK] = the logits of hidden rows [0, rows) (ld `kdim`) at columns [c0, c0 + CHUNK).
+// buf[rows, CHUNK] (row stride LDC) = the logits of hidden rows [0, rows) (ld `kdim`) at columns [c0, c0 + CHUNK).
 HEAD_TARGET void chunk_logits(const BFloat16* hidden, int64_t rows, int64_t kdim, const BFloat16* packed, int64_t c0,
                               float* buf) {
   const int64_t k2 = kdim / 2, panel = k2 * 2 * PANEL;
@@ -125,7 +127,7 @@ HEAD_TARGET void chunk_logits(const BFloat16* hidden, int64_t rows, int64_t kdim
     const BFloat16* b = packed + (c0 + col) / PANEL * panel;
     for (int64_t r = 0; r < rows; r += MR) {
       const int64_t m = std::min<int64_t>(MR, rows - r);
-      MICROS[m - 1](hidden + r * kdim, kdim, b, panel, k2, buf + r * CHUNK + col, CHUNK);
+      MICROS[m - 1](hidden + r * kdim, kdim, b, panel, k2, buf + r * LDC + col, LDC);
     }
   }
 }
@@ -347,12 +349,25 @@ HEAD_TARGET void round_row(float* x, int64_t n) {
 AMX_TARGET void chunk_logits_amx(const BFloat16* hidden, int64_t rows, int64_t kdim, const BFloat16* packed, int64_t c0,
                                  float* buf) {
   const int64_t panel = kdim / 2 * 2 * PANEL;
+  // at a small contraction the next two panels are asked into L2 a share per call, as
+  // group_logits does (a call reads its 2 x 2 KB at K = 64 too briefly for the prefetcher)
+  const int64_t bytes = 2 * panel * static_cast<int64_t>(sizeof(BFloat16));
+  const int64_t calls = std::max<int64_t>(1, (rows + 2 * TILE_ROWS - 1) / (2 * TILE_ROWS));
+  const int64_t lines = bytes <= PREFETCH_BYTES ? bytes / 64 : 0, per = (lines + calls - 1) / calls;
   for (int64_t col = 0; col < CHUNK; col += 2 * PANEL) {
     const BFloat16* b = packed + (c0 + col) / PANEL * panel;
+    const char* next = reinterpret_cast<const char*>(b + 2 * panel);
+    int64_t line = 0;
+    const auto ask = [&] {
+      for (const int64_t end = std::min(lines, line + per); line < end; ++line) _mm_prefetch(next + line * 64, _MM_HINT_T1);
+    };
     int64_t r = 0;
-    for (; r + 2 * TILE_ROWS <= rows; r += 2 * TILE_ROWS)
-      amx_block<2>(hidden + r * kdim, kdim, b, panel, kdim / KT, buf + r * CHUNK + col, CHUNK);
-    if (r < rows) amx_block<1>(hidden + r * kdim, kdim, b, panel, kdim / KT, buf + r * CHUNK + col, CHUNK);
+    for (; r + 2 * TILE_ROWS <= rows; r += 2 * TILE_ROWS) {
+      ask();
+      amx_block<2>(hidden + r * kdim, kdim, b, panel, kdim / KT, buf + r * LDC + col, LDC);
+    }
+    ask();
+    if (r < rows) amx_block<1>(hidden + r * kdim, kdim, b, panel, kdim / KT, buf + r * LDC + col, LDC);
   }
 }
 
@@ -360,9 +375,14 @@ AMX_TARGET void chunk_logits_amx(const BFloat16* hidden, int64_t rows, int64_t k
 // for 1 row: the values chunk_logits_amx gives that row.
 AMX_TARGET void row_logits_amx(const BFloat16* row, int64_t kdim, const BFloat16* packed, int64_t c0, int64_t n,
                                float* x) {
-  const int64_t panel = kdim / 2 * 2 * PANEL;
-  for (int64_t col = 0; col < n; col += 2 * PANEL)
-    amx_block<1>(row, kdim, packed + (c0 + col) / PANEL * panel, panel, kdim / KT, x + col, n);
+  const int64_t panel = kdim / 2 * 2 * PANEL, bytes = 2 * panel * static_cast<int64_t>(sizeof(BFloat16));
+  for (int64_t col = 0; col < n; col += 2 * PANEL) {
+    const BFloat16* b = packed + (c0 + col) / PANEL * panel;
+    if (bytes <= PREFETCH_BYTES)  // the next two panels, as chunk_logits_amx
+      for (int64_t line = 0; line < bytes / 64; ++line)
+        _mm_prefetch(reinterpret_cast<const char*>(b + 2 * panel) + line * 64, _MM_HINT_T1);
+    amx_block<1>(row, kdim, b, panel, kdim / KT, x + col, n);
+  }
   round_row(x, n);
 }
 
@@ -404,7 +424,7 @@ struct Logits {
 // each BLK tokens (the last block may be short) into bmax, unless `sum` is null; -> the
 // largest of all.
 HEAD_TARGET float exp_sum_blocks(const float* x, int64_t n, float ref, float* sum, float* bmax) {
-  const Vec vref(ref);
+  const __m512 vref = _mm512_set1_ps(ref), l2e = _mm512_set1_ps(LOG2E);
   __m512 vsum = _mm512_setzero_ps();
   float most = NEG_INF;
   for (int64_t b0 = 0; b0 < n; b0 += BLK) {
@@ -414,7 +434,7 @@ HEAD_TARGET float exp_sum_blocks(const float* x, int64_t n, float ref, float* su
       const __mmask16 m = lanes(j, end);
       const __m512 v = round_bf16(_mm512_maskz_loadu_ps(m, x + j));
       vmax = _mm512_mask_max_ps(vmax, m, vmax, v);
-      if (sum != nullptr) vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(m, (Vec(v) - vref).exp_u20()));
+      if (sum != nullptr) vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(m, exp2_small(_mm512_mul_ps(_mm512_sub_ps(v, vref), l2e))));
     }
     const float block = _mm512_reduce_max_ps(vmax);
     if (bmax != nullptr) bmax[b0 / BLK] = block;
@@ -492,13 +512,13 @@ at::Tensor head_logits_bf16(const at::Tensor& hidden, const at::Tensor& packed, 
   const int64_t step = logits.step;
   at::parallel_for(0, cols / CHUNK, 1, [&](int64_t c_begin, int64_t c_end) {
     const Tiles tiles(logits.amx, TILE_ROWS);
-    std::vector<float> buf(logits.buffer_rows() * CHUNK);
+    std::vector<float> buf(logits.buffer_rows() * LDC);
     for (int64_t c = c_begin; c < c_end; ++c)
       for (int64_t r0 = 0; r0 < b; r0 += step) {
         const int64_t rows = std::min(step, b - r0), n = std::min(CHUNK, vocab - c * CHUNK);
         logits.chunk(r0, rows, packed.data_ptr<BFloat16>(), c * CHUNK, buf.data());
         for (int64_t r = 0; r < rows; ++r)
-          for (int64_t j = 0; j < n; ++j) o[(r0 + r) * vocab + c * CHUNK + j] = BFloat16(buf[r * CHUNK + j]);
+          for (int64_t j = 0; j < n; ++j) o[(r0 + r) * vocab + c * CHUNK + j] = BFloat16(buf[r * LDC + j]);
       }
   });
   return out;
@@ -540,13 +560,13 @@ std::tuple<at::Tensor, at::Tensor> head_gemm_summary_bf16(const at::Tensor& hidd
   at::parallel_for(0, chunks, 1, [&](int64_t c_begin, int64_t c_end) {
     const Tiles tiles(logits.amx, TILE_ROWS);
     auto& mine = sums[at::get_thread_num()];
-    std::vector<float> buf(logits.buffer_rows() * CHUNK);
+    std::vector<float> buf(logits.buffer_rows() * LDC);
     for (int64_t c = c_begin; c < c_end; ++c)
       for (int64_t r0 = 0; r0 < b; r0 += step) {
         const int64_t rows = std::min(step, b - r0), n = std::min(CHUNK, vocab - c * CHUNK);
         logits.chunk(r0, rows, pk, c * CHUNK, buf.data());
         for (int64_t r = 0; r < rows; ++r)
-          summarise(buf.data() + r * CHUNK, n, c * CHUNK, mine[r0 + r], bp, nbanned, bm + (r0 + r) * nb + c * (CHUNK / BLK));
+          summarise(buf.data() + r * LDC, n, c * CHUNK, mine[r0 + r], bp, nbanned, bm + (r0 + r) * nb + c * (CHUNK / BLK));
       }
   });
   bounded::merge_sums(sums, b, lse.data_ptr<float>());
