@@ -17,7 +17,8 @@ norms/elementwise. Wrappers that are none of these are descended into.
 A kernel Inductor fused is named after the nodes it came from, the attention's neighbours
 included: the RoPE and q/k norms that feed the attention op are "..._varlen_attention_view_1"
 (a fused kernel never holds an extern op). So a fused kernel is attention only for a softmax
-in it (its row max), whatever else its name says.
+in it (its row max), whatever else its name says; a row max beside a rounding is an int8
+plan's activation quantisation (`abs_amax_clamp_div_round`): elementwise.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ GEMM_NAMES = ("linear_pointwise", "head_gemm_summary", "aten::linear", "aten::mm
 ATTENTION_NAMES = ("scaled_dot_product", "flash_attention", "varlen_attention", "beam_attention", "bmm", "softmax")
 FUSED = ("cpp_fused", "triton_")  # Inductor's generated kernels
 FUSED_ATTENTION = ("softmax", "amax")
+FUSED_QUANTISE = ("round",)  # an int8 plan's activation quantisation: its row amax is a scale, not a softmax
 WRAPPERS = ("aten::matmul",)  # its children say what it was: mm (a GEMM) or bmm (attention)
 KERNEL_PREFIXES = ("aten::", "aoti_", "graph_", "mkldnn::", "onednn::", "quantized::", "prims::",
                    "bounded_native::", "bounded_native_f32::")  # and FUSED; native ops not named above (SwiGLU)
@@ -49,7 +51,8 @@ def classify(name: str, context: Optional[str]) -> Optional[str]:
     if context is not None:
         return context
     if any(f in low for f in FUSED):
-        return "attention" if any(a in low for a in FUSED_ATTENTION) else "norms_elementwise"
+        softmax = any(a in low for a in FUSED_ATTENTION) and not any(q in low for q in FUSED_QUANTISE)
+        return "attention" if softmax else "norms_elementwise"
     if any(a in low for a in ATTENTION_NAMES):
         return "attention"
     if name.startswith(KERNEL_PREFIXES):

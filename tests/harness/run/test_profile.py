@@ -45,6 +45,8 @@ def test_events_are_claimed_once_by_the_first_class_that_claims_them():
         # RoPE fused next to the attention op (Inductor names it after its neighbours): elementwise
         tree("graph_0_cpp_fused__to_copy_add_cat_index_mean_mul_neg_pow_rsqrt_varlen_attention_view_1", 2.0),
         tree("graph_1_cpp_fused__unsafe_view_add_amax_arange_bitwise_or_2", 0.5),  # a beam step's masked softmax
+        # an int8 plan's activation quantisation (a row amax for the scale): elementwise
+        tree("graph_0_cpp_fused__to_copy_abs_add_amax_clamp_div_mean_mul_pow_round_rsqrt_8", 1.0),
         tree("bounded::head", 9.0, tree("mkldnn::_linear_pointwise", 5.0), tree("graph_0_cpp_fused_amax_exp_0", 3.0)),
         tree("bounded::select", 2.0, tree("aten::topk", 1.0), tree("aten::gather", 0.5)),
         # the native fused head: its GEMM (with the softmax statistics as epilogue), then the choice
@@ -60,7 +62,7 @@ def test_events_are_claimed_once_by_the_first_class_that_claims_them():
         w.thread = 7
     got = classes.class_times(flatten(*roots) + worker)
     # the op claims its own children; the head's GEMM stays a GEMM; ranges and wrappers add nothing of their own
-    assert got == {"gemm": 24.0, "attention": 9.0, "norms_elementwise": 6.75, "head_selection": 5.25}
+    assert got == {"gemm": 24.0, "attention": 9.0, "norms_elementwise": 7.75, "head_selection": 5.25}
 
 
 def test_host_parts_split_the_rest_by_the_engines_stage_times():
