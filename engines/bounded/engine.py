@@ -27,6 +27,7 @@ from engines.bounded.model.families import read_model_config
 from engines.bounded.model.precision import PrecisionPolicy, choose_dtype
 from engines.bounded.options import BoundedOptions, OptionError
 from engines.bounded.plan import plan
+from engines.bounded.runtime import memory
 from engines.bounded.tasks.base import Task
 from engines.bounded.tasks.batcher import Batcher, Pending
 from engines.bounded.tasks import gate
@@ -64,6 +65,7 @@ class BoundedEngine(Engine):
         self.gates: dict[str, dict[str, Any]] = {}  # task kind -> the accuracy gate's verdict
         self._batchers: dict[str, Batcher] = {}
         self._started = False
+        self._memory = memory.Held(False)
 
     @classmethod
     def check_options(cls, options: dict[str, Any]) -> None:
@@ -107,6 +109,9 @@ class BoundedEngine(Engine):
     def start(self) -> None:
         t0 = time.perf_counter()
         read_model_config(self.config.model_dir)
+        if torch.device(self.config.device).type == "cpu":  # no buffer mapped afresh per call (runtime/memory.py)
+            self._memory.release()
+            self._memory = memory.keep_freed_memory()
         tokenizer = self._tokenizer()
         lock = threading.Lock()
         # each task starts (loads, allocates, warms up, is judged) on the thread that will run
@@ -122,6 +127,7 @@ class BoundedEngine(Engine):
             for batcher in self._batchers.values():
                 batcher.close()
             self._batchers = {}
+            self._memory.release()
             raise
         self._started = True
         self.start_s = time.perf_counter() - t0
@@ -156,6 +162,7 @@ class BoundedEngine(Engine):
             batcher.join()  # the running call ends
         self._batchers = {}
         self._started = False
+        self._memory.release()
 
     def describe(self) -> Description:
         b, p = self.config.bounds, self.plan

@@ -3,6 +3,7 @@ cross-request batching, bounds, stages."""
 from __future__ import annotations
 
 import asyncio
+import platform
 import random
 
 import pytest
@@ -191,25 +192,32 @@ def test_the_engine_starts_and_runs_on_its_model_thread(tiny_dir_f32, monkeypatc
 
     monkeypatch.setattr(PrefillTask, "start", start_)
     monkeypatch.setattr(PrefillTask, "run", run_)
+    monkeypatch.delenv("BOUNDED_MALLOC", raising=False)
     engine = start(tiny_dir_f32)
     try:
         out = asyncio.run(gather(engine, [PrefillRequest("a", [[1, 2, 3]], [1, 2])]))
+        # while it runs on a CPU, freed memory stays in the process (runtime/memory.py)
+        held = engine._memory.active or platform.libc_ver()[0] != "glibc"
     finally:
         engine.stop()
+    assert held and not engine._memory.active
     assert not isinstance(out[0], BaseException)
     assert threads["start"] == threads["run"] and len(threads["run"]) == 1
     assert threading.get_ident() not in threads["run"]
 
 
 def test_a_task_that_fails_to_start_fails_the_engine_start(tiny_dir_f32, monkeypatch):
+    from engines.bounded.runtime import memory
     from engines.bounded.tasks.prefill import PrefillTask
 
     def broken(self, *a, **k):
         raise RuntimeError("package unreadable")
 
     monkeypatch.setattr(PrefillTask, "start", broken)
+    holders = memory._holders
     with pytest.raises(RuntimeError, match="package unreadable"):
         start(tiny_dir_f32)
+    assert memory._holders == holders  # the failed start let go of malloc's setting
 
 
 def test_truncate_mode(tiny_dir_f32):

@@ -1,0 +1,72 @@
+"""glibc's malloc while a CPU engine runs: freed memory kept in the process, no block mapped
+afresh per call.
+
+A prefill batch's activations are tens of MB (prefill_15 at concurrency 4: ~5,800 token rows,
+its gate_up output alone 71 MB in bf16). glibc serves a block over its mmap threshold (32 MB
+at most) from a fresh mapping and unmaps it when freed, and trims the heap's free top back
+to the system, so every such buffer of every layer of every call was faulted in again page
+by page (the kernel zeroing each 4 KB). Measured on a Xeon with AMX (2026-12-06): prefill_15
+at concurrency 4, 1.07 -> 1.39 requests/s; oneDNN's int8 GEMM [1,440, 1,024] x [1,024, 6,144]
+in a fresh process, 15.7 -> 4.3 ms a call.
+
+`keep_freed_memory()` turns both off (M_MMAP_MAX 0: every block from the heap;
+M_TRIM_THRESHOLD at its largest: the heap never shrinks) until the last holder calls
+`release()`, which puts glibc's defaults back (its dynamic mmap threshold stays where it was).
+The price: the process keeps its peak heap while the engine runs. `BOUNDED_MALLOC=0` leaves
+malloc alone; elsewhere than glibc there is nothing to do.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import platform
+import threading
+from typing import Optional
+
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # mallopt parameters (malloc.h)
+DEFAULT_TRIM_THRESHOLD, DEFAULT_MMAP_MAX = 128 * 1024, 65536  # glibc's defaults
+
+_lock = threading.Lock()
+_holders = 0
+
+
+def _mallopt() -> Optional[ctypes._CFuncPtr]:
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), "mallopt", None)
+
+
+class Held:
+    """A holder of the setting: `release()` once (later calls do nothing)."""
+
+    def __init__(self, active: bool):
+        self.active = active
+
+    def release(self) -> None:
+        global _holders
+        if not self.active:
+            return
+        self.active = False
+        with _lock:
+            _holders -= 1
+            if _holders == 0:
+                mallopt = _mallopt()
+                mallopt(M_MMAP_MAX, DEFAULT_MMAP_MAX)
+                mallopt(M_TRIM_THRESHOLD, DEFAULT_TRIM_THRESHOLD)
+
+
+def keep_freed_memory() -> Held:
+    """Keep freed memory in the process and map no block afresh, until released. -> the
+    holder (inactive where BOUNDED_MALLOC=0 or malloc is not glibc's)."""
+    global _holders
+    if os.environ.get("BOUNDED_MALLOC", "1") == "0":
+        return Held(False)
+    mallopt = _mallopt()
+    if mallopt is None:
+        return Held(False)
+    with _lock:
+        if _holders == 0 and not (mallopt(M_MMAP_MAX, 0) and mallopt(M_TRIM_THRESHOLD, 2**31 - 1)):
+            return Held(False)
+        _holders += 1
+    return Held(True)
