@@ -6,8 +6,8 @@ its gate_up output alone 71 MB in bf16). glibc serves a block over its mmap thre
 at most) from a fresh mapping and unmaps it when freed, and trims the heap's free top back
 to the system, so every such buffer of every layer of every call was faulted in again page
 by page (the kernel zeroing each 4 KB). Measured on a Xeon with AMX (2026-12-06): prefill_15
-at concurrency 4, 1.07 -> 1.39 requests/s; oneDNN's int8 GEMM [1,440, 1,024] x [1,024, 6,144]
-in a fresh process, 15.7 -> 4.3 ms a call.
+at concurrency 4, 0.97 -> 1.22-1.28 requests/s (alternated runs); an eager oneDNN int8 GEMM
+[1,440, 1,024] x [1,024, 6,144] in a fresh process, 15.7 -> 4.3 ms a call.
 
 `keep_freed_memory()` turns both off (M_MMAP_MAX 0: every block from the heap;
 M_TRIM_THRESHOLD at its largest: the heap never shrinks) until the last holder calls

@@ -65,7 +65,43 @@ struct Tiles {
   }
   Tiles(const Tiles&) = delete;
   Tiles& operator=(const Tiles&) = delete;
-  Tiles(Tiles&& o) noexcept : on(o.on) { o.on = false; }
 };
+
+// c[16 RT rows, 16 CT columns] (float32, ldc floats apart; not rounded) = a[16 RT rows of bf16,
+// lda_bytes apart] x B, over kt steps of 32 along the contraction: step t's B tile of column
+// block j (16 pairs x 16 columns, ldb_bytes a pair row) at b + j * col_bytes + t * step_bytes.
+// Tiles 0-3 the sums, 4-5 a's rows, 6-7 B; a's and c's rows past the caller's are scratch.
+template <int RT, int CT>
+AMX_TARGET inline void tile_product(const void* a, int64_t lda_bytes, const void* b, int64_t col_bytes,
+                                    int64_t step_bytes, int64_t ldb_bytes, int64_t kt, float* c, int64_t ldc) {
+  static_assert((RT == 1 || RT == 2) && (CT == 1 || CT == 2), "1 or 2 tiles of rows and of columns");
+  const char* pa = static_cast<const char*>(a);
+  const char* pb = static_cast<const char*>(b);
+  _tile_zero(0);
+  if (CT == 2) _tile_zero(1);
+  if (RT == 2) {
+    _tile_zero(2);
+    if (CT == 2) _tile_zero(3);
+  }
+  for (int64_t t = 0; t < kt; ++t) {
+    _tile_loadd(6, pb + t * step_bytes, ldb_bytes);
+    if (CT == 2) _tile_loadd(7, pb + col_bytes + t * step_bytes, ldb_bytes);
+    _tile_loadd(4, pa + t * 64, lda_bytes);
+    _tile_dpbf16ps(0, 4, 6);
+    if (CT == 2) _tile_dpbf16ps(1, 4, 7);
+    if (RT == 2) {
+      _tile_loadd(5, pa + 16 * lda_bytes + t * 64, lda_bytes);
+      _tile_dpbf16ps(2, 5, 6);
+      if (CT == 2) _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  const int64_t ldc_bytes = ldc * static_cast<int64_t>(sizeof(float));
+  _tile_stored(0, c, ldc_bytes);
+  if (CT == 2) _tile_stored(1, c + 16, ldc_bytes);
+  if (RT == 2) {
+    _tile_stored(2, c + 16 * ldc, ldc_bytes);
+    if (CT == 2) _tile_stored(3, c + 16 * ldc + 16, ldc_bytes);
+  }
+}
 
 }  // namespace bounded

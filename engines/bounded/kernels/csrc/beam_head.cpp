@@ -304,35 +304,13 @@ bool use_amx(int64_t kdim) { return kdim % KT == 0 && amx_permitted(); }
 
 using bounded::Tiles;
 
-// c[RT tiles of rows, 32 columns] (ldc floats, not rounded) = a (RT x m rows, lda apart)
+// c[RT tiles of rows, 32 columns] (ldc floats, not rounded) = a (RT x 16 rows, lda apart)
 // x the 2 panels at b (`panel` apart), over kt steps of KT
 template <int RT>
 AMX_TARGET void amx_block(const BFloat16* a, int64_t lda, const BFloat16* b, int64_t panel, int64_t kt, float* c,
                           int64_t ldc) {
-  _tile_zero(0);
-  _tile_zero(1);
-  if (RT == 2) {
-    _tile_zero(2);
-    _tile_zero(3);
-  }
-  for (int64_t t = 0; t < kt; ++t) {
-    _tile_loadd(6, b + t * KT * PANEL, 2 * PANEL * sizeof(BFloat16));
-    _tile_loadd(7, b + panel + t * KT * PANEL, 2 * PANEL * sizeof(BFloat16));
-    _tile_loadd(4, a + t * KT, lda * sizeof(BFloat16));
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    if (RT == 2) {
-      _tile_loadd(5, a + TILE_ROWS * lda + t * KT, lda * sizeof(BFloat16));
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
-    }
-  }
-  _tile_stored(0, c, ldc * sizeof(float));
-  _tile_stored(1, c + PANEL, ldc * sizeof(float));
-  if (RT == 2) {
-    _tile_stored(2, c + TILE_ROWS * ldc, ldc * sizeof(float));
-    _tile_stored(3, c + TILE_ROWS * ldc + PANEL, ldc * sizeof(float));
-  }
+  constexpr int64_t E = sizeof(BFloat16);
+  bounded::tile_product<RT, 2>(a, lda * E, b, panel * E, KT * PANEL * E, 2 * PANEL * E, kt, c, ldc);
 }
 
 // x[0:n] = bf16(x[0:n]), in float32

@@ -31,6 +31,7 @@
 #include <cstring>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <vector>
 
 namespace {
@@ -169,48 +170,25 @@ void gemm_pairs(const BFloat16* a, int64_t lda, int64_t m, const uint32_t* b, in
   }
 }
 
-// The same products on AMX tiles, where the CPU has them (tiles configured for 16 rows):
-// c[16 RT rows, 16 CT columns] (float32, ldc) = a[16 RT rows, lda apart] x b (pairs, ldb words
-// a pair row), over kt steps of 16 pairs. a's and c's rows past the block's are scratch.
-template <int RT, int CT>
-AMX_TARGET void tile_block(const BFloat16* a, int64_t lda, const uint32_t* b, int64_t ldb, int64_t kt, float* c,
-                           int64_t ldc) {
-  _tile_zero(0);
-  if (CT == 2) _tile_zero(1);
-  if (RT == 2) {
-    _tile_zero(2);
-    if (CT == 2) _tile_zero(3);
-  }
-  for (int64_t t = 0; t < kt; ++t) {
-    _tile_loadd(6, b + t * 16 * ldb, ldb * sizeof(uint32_t));
-    if (CT == 2) _tile_loadd(7, b + t * 16 * ldb + 16, ldb * sizeof(uint32_t));
-    _tile_loadd(4, a + t * 32, lda * sizeof(BFloat16));
-    _tile_dpbf16ps(0, 4, 6);
-    if (CT == 2) _tile_dpbf16ps(1, 4, 7);
-    if (RT == 2) {
-      _tile_loadd(5, a + 16 * lda + t * 32, lda * sizeof(BFloat16));
-      _tile_dpbf16ps(2, 5, 6);
-      if (CT == 2) _tile_dpbf16ps(3, 5, 7);
-    }
-  }
-  _tile_stored(0, c, ldc * sizeof(float));
-  if (CT == 2) _tile_stored(1, c + 16, ldc * sizeof(float));
-  if (RT == 2) {
-    _tile_stored(2, c + 16 * ldc, ldc * sizeof(float));
-    if (CT == 2) _tile_stored(3, c + 16 * ldc + 16, ldc * sizeof(float));
+// The products of gemm_pairs on AMX tiles, where the CPU has them (tiles configured for 16
+// rows; the pairs are a tile's B operand as they lie): c[16 rt rows, n] = a[16 rt rows, 32 kt]
+// (bf16, lda) x b (pairs, ldb words a pair row); rt 1 or 2, n a multiple of 16. The rows of a
+// and c past the block's are scratch.
+template <int RT>
+AMX_TARGET void tile_rows(const BFloat16* a, int64_t lda, const uint32_t* b, int64_t ldb, int64_t kt, int64_t n,
+                          float* c, int64_t ldc) {
+  constexpr int64_t W = sizeof(uint32_t);
+  for (int64_t j = 0; j < n; j += 32) {
+    if (n - j >= 32)
+      bounded::tile_product<RT, 2>(a, lda * 2, b + j, 16 * W, 16 * ldb * W, ldb * W, kt, c + j, ldc);
+    else
+      bounded::tile_product<RT, 1>(a, lda * 2, b + j, 16 * W, 16 * ldb * W, ldb * W, kt, c + j, ldc);
   }
 }
 
-// c[16 rt rows, n] = a[16 rt rows, 32 kt] x b (pairs): rt 1 or 2, n a multiple of 16
 void tile_gemm(const BFloat16* a, int64_t lda, int64_t rt, const uint32_t* b, int64_t ldb, int64_t kt, int64_t n,
                float* c, int64_t ldc) {
-  for (int64_t j = 0; j < n; j += 32) {
-    const bool two = n - j >= 32;
-    if (rt == 2)
-      two ? tile_block<2, 2>(a, lda, b + j, ldb, kt, c + j, ldc) : tile_block<2, 1>(a, lda, b + j, ldb, kt, c + j, ldc);
-    else
-      two ? tile_block<1, 2>(a, lda, b + j, ldb, kt, c + j, ldc) : tile_block<1, 1>(a, lda, b + j, ldb, kt, c + j, ldc);
-  }
+  rt == 2 ? tile_rows<2>(a, lda, b, ldb, kt, n, c, ldc) : tile_rows<1>(a, lda, b, ldb, kt, n, c, ldc);
 }
 
 // Whether the products run on AMX tiles (head dims of whole tile steps, 32): fixed per process
@@ -278,21 +256,13 @@ struct Scratch {
   std::vector<uint32_t> kt, vt;  // keys and values in pairs
   std::vector<float> scores, acc, sums;
   std::vector<BFloat16> probs, qp, kp;  // rows prepared by prep_row (AMX: copied, whole tiles)
-  bool tiles = false;                   // this worker's AMX tiles configured
-  Scratch() = default;
-  Scratch(const Scratch&) = delete;
-  ~Scratch() {
-    if (tiles) bounded::release_tiles();
-  }
+  std::optional<bounded::Tiles> tiles;  // this worker's AMX tiles, configured at its first unit
 };
 
 void run_unit(const Unit& u, const Rows& x, const Prep& prep, BFloat16* out, int64_t hq, int64_t hkv, int64_t d,
               float scale, Scratch& w) {
   const bool amx = use_amx(d);
-  if (amx && !w.tiles) {
-    bounded::configure_tiles(16);
-    w.tiles = true;
-  }
+  if (amx && !w.tiles) w.tiles.emplace(true, 16);
   const int64_t g = hq / hkv;
   const int64_t keys = u.pre_len + (u.own1 - u.own0);
   const int64_t ldk = round_up(keys, 16), kpairs = (keys + 1) / 2;
