@@ -121,7 +121,23 @@ def int8_linear(x, w) -> Callable[[], object]:
 
 def measure_cpu(caps: Capabilities, seconds: float = 0.25) -> dict[str, dict[str, float]]:
     """{precision: {shape label: TFLOP/s (int8: TOP/s)}}; fp16 only where native (an
-    emulated fp16 GEMM on a CPU runs at ~1 GFLOP/s: minutes at these sizes)."""
+    emulated fp16 GEMM on a CPU runs at ~1 GFLOP/s: minutes at these sizes).
+
+    Measured with malloc set as the bounded engine runs (engines/bounded/runtime/memory.py):
+    otherwise each call's output over glibc's mmap threshold is mapped afresh and faulted in
+    page by page, which is the kernel's time, not the GEMM's (an int8 [1,440, 1,024] x
+    [1,024, 6,144] with its 35 MB float32 output read 1.2 TOP/s that way on a Xeon with AMX,
+    ~4 held)."""
+    from engines.bounded.runtime import memory
+
+    held = memory.keep_freed_memory()
+    try:
+        return _measure_cpu(caps, seconds)
+    finally:
+        held.release()
+
+
+def _measure_cpu(caps: Capabilities, seconds: float) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for prec in PRECISIONS:
         if prec == "float16" and not caps.native(prec):

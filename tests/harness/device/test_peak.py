@@ -95,3 +95,20 @@ def test_real_measurement_on_this_cpu(cache, monkeypatch):
     assert ("int8" in p.rates) == (caps.int8_isa is not None)
     assert set(p.by_shape["float32"]) == {"small", "tall"}
     assert p.mfu_tflops == max(r for d, r in p.rates.items() if d != "int8")
+
+
+def test_measured_with_malloc_held_as_the_engine_runs(monkeypatch):
+    # no GEMM output is mapped afresh per call while the rates are measured (as in the
+    # engine), and the setting is given back afterwards
+    from engines.bounded.runtime import memory
+    from engines.hardware import probe
+
+    monkeypatch.delenv("BOUNDED_MALLOC", raising=False)
+    monkeypatch.setattr(peak, "gemm_shapes", lambda: {"small": (32, 64, 64)})
+    holders, real = [], peak._best_rate
+    monkeypatch.setattr(peak, "_best_rate", lambda fn, flops, s: holders.append(memory._holders) or real(fn, flops, s))
+    before = memory._holders
+    peak.measure_cpu(probe("cpu"), 0.01)
+    held = 0 if memory._mallopt() is None else 1  # glibc only
+    assert holders and all(h == before + held for h in holders)
+    assert memory._holders == before
