@@ -9,9 +9,15 @@ point 128. `int8_linear` writes the product in the quantised-graph form of the P
 linear -- which Inductor's freezing pass (x86, oneDNN built in) replaces by
 `onednn::qlinear_pointwise` on a weight prepacked once; the per-token scale (pulled out of
 the sum) and the bias are one multiply-add after it, which fuses with the activation
-quantisation of the next GEMM's elementwise neighbours. Eagerly the same code is a float
-GEMM on dequantised values: the same numbers, only slow. `int8_linear_packed` calls the
-prepacked kernel directly, for the beam head that runs outside the graphs.
+quantisation of the next GEMM's elementwise neighbours. In a bf16 graph both dequantised
+operands are cast to bf16 first, so the kernel writes bf16 (its sum times the weight's scales,
+rounded once; the token's scale after): half the bytes of float32 on the widest activation.
+On a Xeon with AMX (2026-12-06) the float32 output ([1,312, 6,144], 32 MB for gate_up) held
+the int8 plan at 0.82x the bf16 plan's speed on prefill_15; with bf16 out it is level
+(`bench run scenarios/prefill_15_int8.yaml --engine bounded --engine bounded-int8`).
+Eagerly the same code is a float GEMM on dequantised values (in bf16, the weight's rounded
+to bf16): close to the same numbers, only slow. `int8_linear_packed` calls the prepacked
+kernel directly, for the beam head that runs outside the graphs.
 
 Shapes: T rows (tokens or beams), K input features, N output features.
 """
@@ -59,7 +65,10 @@ def int8_linear(x: Tensor, weight: Tensor, weight_scale: Tensor, weight_zero: Te
     xq, x_scale = quantise_rows(x)
     xd = _qd.dequantize_per_tensor.default(xq, 1.0, ZERO, 0, 255, torch.uint8)  # [T, K] = q
     wd = _qd.dequantize_per_channel.default(weight, weight_scale, weight_zero, 0, -128, 127, torch.int8)
-    y = F.linear(xd, wd) * x_scale  # [T, N] float32
+    if x.dtype == torch.bfloat16:  # the kernel writes bf16: [T, N] bf16 times float32 scales
+        y = F.linear(_cast(xd, torch.bfloat16), _cast(wd, torch.bfloat16)) * x_scale
+    else:
+        y = F.linear(xd, wd) * x_scale  # [T, N] float32
     if bias is not None:
         y = y + bias
     return _cast(y, x.dtype)

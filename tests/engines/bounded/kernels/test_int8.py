@@ -107,3 +107,34 @@ def test_packed_int8_linear_into_out_where_onednn_returns_a_new_tensor(monkeypat
     out = torch.full((6, 200), 7.0)
     assert int8.int8_linear_packed(x, packed, q, ws, out=out) is out
     assert torch.allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not (torch.backends.mkldnn.is_available() and onednn_int8_exact()),
+                    reason="oneDNN's int8 linear needs VNNI or AMX (the graphs keep _int_mm elsewhere)")
+def test_compiled_bf16_int8_linear_writes_bf16_from_the_int8_kernel():
+    # a bf16 graph's int8 GEMM returns bf16 from oneDNN (half the bytes of float32 on the
+    # widest activation, gate_up's), the float32 graph's float32; the values are int8_linear's
+    from torch._inductor import config
+    from torch._inductor.utils import run_and_get_code
+
+    x, w = _data(t=48, k=128, n=64)
+    q, ws = int8.int8_quantise(w)
+
+    class Linear(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("q", q)
+            self.register_buffer("ws", ws)
+            self.register_buffer("zero", _zero(q))
+
+        def forward(self, x):
+            return int8.int8_linear(x, self.q, self.ws, self.zero)
+
+    for dtype, out in ((torch.bfloat16, "torch.bfloat16"), (torch.float32, "torch.float32")):
+        torch._dynamo.reset()
+        with torch.no_grad(), config.patch(freezing=True):
+            got, code = run_and_get_code(torch.compile(Linear().eval()), x.to(dtype))
+        calls = [line for line in "".join(code).splitlines() if "qlinear_pointwise" in line and "(" in line]
+        assert calls and all(out in line for line in calls), calls
+        torch.testing.assert_close(got.float(), int8.int8_linear(x.to(dtype), q, ws, _zero(q)).float(),
+                                   rtol=2e-2, atol=2e-2)
