@@ -63,15 +63,26 @@ def int8_linear(x: Tensor, weight: Tensor, weight_scale: Tensor, weight_zero: Te
     """y = x @ W.T (+ b) in x's dtype: x [T, K] float; weight [N, K] int8, scale [N] float32,
     zero [N] int64 (zeros: the form the pattern wants)."""
     xq, x_scale = quantise_rows(x)
-    xd = _qd.dequantize_per_tensor.default(xq, 1.0, ZERO, 0, 255, torch.uint8)  # [T, K] = q
-    wd = _qd.dequantize_per_channel.default(weight, weight_scale, weight_zero, 0, -128, 127, torch.int8)
-    if x.dtype == torch.bfloat16:  # the kernel writes bf16: [T, N] bf16 times float32 scales
-        y = F.linear(_cast(xd, torch.bfloat16), _cast(wd, torch.bfloat16)) * x_scale
-    else:
-        y = F.linear(xd, wd) * x_scale  # [T, N] float32
+    return int8_linear_quantised(xq, x_scale, weight, weight_scale, weight_zero, bias, x.dtype)
+
+
+def int8_linear_quantised(xq: Tensor, x_scale: Tensor, weight: Tensor, weight_scale: Tensor, weight_zero: Tensor,
+                          bias: Optional[Tensor], dtype: torch.dtype) -> Tensor:
+    """`int8_linear` on activations already quantised (`quantise_rows`' pair), in `dtype`."""
+    y = int8_product(xq, weight, weight_scale, weight_zero, dtype) * x_scale
     if bias is not None:
         y = y + bias
-    return _cast(y, x.dtype)
+    return _cast(y, dtype)
+
+
+def int8_product(xq: Tensor, weight: Tensor, weight_scale: Tensor, weight_zero: Tensor, dtype: torch.dtype) -> Tensor:
+    """q @ W.T times the weight's scales, without the tokens' (x_scale): [T, N], bf16 from
+    the kernel where `dtype` is bf16, else float32."""
+    xd = _qd.dequantize_per_tensor.default(xq, 1.0, ZERO, 0, 255, torch.uint8)  # [T, K] = q
+    wd = _qd.dequantize_per_channel.default(weight, weight_scale, weight_zero, 0, -128, 127, torch.int8)
+    if dtype == torch.bfloat16:  # the kernel writes bf16
+        return F.linear(_cast(xd, torch.bfloat16), _cast(wd, torch.bfloat16))
+    return F.linear(xd, wd)
 
 
 def prepack(weight: Tensor) -> Optional[Tensor]:

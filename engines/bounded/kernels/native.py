@@ -8,7 +8,9 @@ the Python bounded::varlen_attention there: attention.py) and `varlen_attention_
 step's fused head (csrc/beam_head.cpp, called eagerly by runtime/beam_head.py): the head GEMM
 with its log-sum-exp and block maxima as its epilogue, then the exact top-k continuations,
 no [rows, V] logits written (`beam_head_top`). And the bf16 MLP's SwiGLU (`swiglu_bf16`,
-csrc/swiglu.cpp: the graphs call it through kernels/dense.swiglu). Built into
+csrc/swiglu.cpp: the graphs call it through kernels/dense.swiglu), and the int8 MLP's middle
+(`swiglu_quant_bf16`: gate_up's product scaled, SwiGLU, quantised for down, in one pass;
+model/layers.GatedMLP). Built into
 `$BOUNDED_BENCH_CACHE/native/<digest>/` (~30 s with g++), named by a digest of the sources
 and torch's version, so an edit or a new torch builds anew and a stale library never loads.
 Where it cannot be had -- no C++ compiler, a CPU without AVX512-BF16, a failed build --
@@ -127,6 +129,7 @@ def _bf16_fakes() -> None:
     torch.library.register_fake("bounded_native::varlen_attention_bf16")(_fake_varlen_attention)
     torch.library.register_fake("bounded_native::varlen_attention_rope_bf16")(_fake_varlen_attention_rope)
     torch.library.register_fake("bounded_native::swiglu_bf16")(_fake_swiglu)
+    torch.library.register_fake("bounded_native::swiglu_quant_bf16")(_fake_swiglu_quant)
 
 
 def _f32_fakes() -> None:
@@ -148,6 +151,11 @@ load, available, status, build_dir = BF16.load, BF16.available, BF16.status, BF1
 
 def _fake_swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     return gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2)
+
+
+def _fake_swiglu_quant(product: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    rows, inner = product.shape[0], product.shape[1] // 2
+    return product.new_empty(rows, inner, dtype=torch.uint8), product.new_empty(rows, 1, dtype=torch.float32)
 
 
 def _fake_varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,

@@ -11,7 +11,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor, nn
 
-from engines.bounded.kernels import dense
+from engines.bounded.kernels import dense, int8, native
 from engines.bounded.model.precision import GEMM_KINDS, PrecisionPolicy
 
 # attend(layer, q [T, Hq, D], k/v [T, Hkv, D]) -> [T, Hq*D]: the attention of one layer, given
@@ -55,7 +55,20 @@ class GatedMLP(nn.Module):
         self.gate_up, self.down = gate_up, down
 
     def forward(self, x: Tensor) -> Tensor:
+        if self._int8_middle(x):
+            # int8 on both sides in bf16: gate_up's product scaled, SwiGLU and down's activation
+            # quantisation in one native pass (csrc/swiglu.cpp), not three graph kernels
+            up, down = self.gate_up, self.down
+            xq, x_scale = int8.quantise_rows(x)
+            product = int8.int8_product(xq, up.weight, up.weight_scale, up.weight_zero, x.dtype)
+            hq, h_scale = torch.ops.bounded_native.swiglu_quant_bf16(product, x_scale)
+            return int8.int8_linear_quantised(hq, h_scale, down.weight, down.weight_scale, down.weight_zero,
+                                              down.bias, x.dtype)
         return self.down(dense.swiglu(self.gate_up(x)))
+
+    def _int8_middle(self, x: Tensor) -> bool:
+        return (self.gate_up.kind == "int8" and self.down.kind == "int8" and self.gate_up.bias is None
+                and x.dtype == torch.bfloat16 and x.device.type == "cpu" and native.available())
 
 
 class RMSNorm(nn.Module):

@@ -80,3 +80,34 @@ def test_native_float32_swiglu_reads_a_strided_view_and_refuses_other_input(swig
         swiglu_f32(torch.randn(4, 32).double())
     with pytest.raises(RuntimeError, match="float32 CPU"):
         swiglu_f32(torch.randn(4, 31))
+
+
+@pytest.mark.parametrize("rows,inner", [(1, 16), (7, 100), (64, 3072), (300, 33)])
+def test_swiglu_quant_is_the_scaled_swiglu_quantised_per_row(swiglu, rows, inner):
+    # the int8 MLP's middle: product * row scale, SwiGLU, then int8 per row as quantise_rows
+    from engines.bounded.kernels import int8
+
+    g = torch.Generator().manual_seed(rows + inner)
+    product = (torch.randn(rows, 2 * inner, generator=g) * 40).bfloat16()
+    scale = torch.rand(rows, 1, generator=g) * 0.1 + 1e-3
+    product[0, 0] = -30000.0  # exp's clamped range: silu -> 0 there
+    q, q_scale = torch.ops.bounded_native.swiglu_quant_bf16(product, scale)
+    exact = _exact(product.double() * scale.double())
+    want_scale = exact.abs().amax(-1, keepdim=True).clamp(min=1e-12) / 127
+    assert q.dtype == torch.uint8 and q.shape == (rows, inner) and q_scale.shape == (rows, 1)
+    assert ((q_scale.double() - want_scale).abs() <= want_scale * 1e-5).all()
+    steps = exact / q_scale.double()  # the exact value in the row's steps
+    assert ((q.double() - 128 - steps).abs() <= 0.5 + 1e-3).all()  # the nearest step (a tie either way)
+    assert (q.long() - 128).abs().max() <= 127
+    # what the graph did in three passes: scale to bf16, SwiGLU, quantise_rows
+    q3, s3 = int8.quantise_rows(swiglu((product.float() * scale).bfloat16()))
+    assert ((q.long() - q3.long()).abs() <= 1).all()
+    torch.testing.assert_close(q_scale, s3, rtol=2 ** -6, atol=0)  # its two bf16 roundings
+
+
+def test_swiglu_quant_refuses_other_input(swiglu):
+    op = torch.ops.bounded_native.swiglu_quant_bf16
+    with pytest.raises(RuntimeError, match="bfloat16 CPU"):
+        op(torch.randn(4, 32), torch.ones(4, 1))
+    with pytest.raises(RuntimeError, match="one value per row"):
+        op(torch.randn(4, 32).bfloat16(), torch.ones(3, 1))

@@ -88,3 +88,27 @@ def test_options_map_groups_to_kinds():
     assert p.summary() == "float32 + int8 [down, gate_up, head]"
     assert p.cache_tag() == "down=int8,gate_up=int8,o=dense,qkv=dense"  # the head is not in the graphs
     assert precision.PRECISION_MODES == ("auto", "bfloat16", "float32", "float16")
+
+
+
+def test_int8_mlp_runs_its_middle_in_one_native_pass_with_the_same_result():
+    # gate_up and down both int8 in bf16: scaling, SwiGLU and down's quantisation in
+    # swiglu_quant_bf16; its result is the three-pass one's to within int8's step
+    from engines.bounded.kernels import int8, native
+    from engines.bounded.model.layers import GatedMLP
+
+    if not native.load(log=lambda _: None):
+        pytest.skip(f"native CPU kernels unavailable here: {native.status()}")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(20, 64, generator=g).bfloat16()
+    up, down = Linear(torch.randn(2 * 96, 64, generator=g) / 8, None, "int8"), Linear(torch.randn(64, 96, generator=g) / 10, None, "int8")
+    mlp = GatedMLP(up, down)
+    got = mlp(x)
+    xq, xs = int8.quantise_rows(x)
+    hq, hs = torch.ops.bounded_native.swiglu_quant_bf16(int8.int8_product(xq, up.weight, up.weight_scale, up.weight_zero, x.dtype), xs)
+    assert torch.equal(got, int8.int8_linear_quantised(hq, hs, down.weight, down.weight_scale, down.weight_zero, None, x.dtype))
+    h = up(x).float()
+    three_passes = down((torch.nn.functional.silu(h[:, :96]) * h[:, 96:]).bfloat16())
+    assert got.dtype == torch.bfloat16 and got.shape == (20, 64)
+    assert (got.float() - three_passes.float()).norm() / three_passes.float().norm() < 0.02
+    assert not mlp._int8_middle(x.float())  # float32 keeps the graph's passes

@@ -111,6 +111,26 @@ def test_int8_groups_compile_to_onednn_int8_kernels(engine_factory):
         assert (torch.tensor(res.scores).argmax(-1) == want.argmax(-1)).float().mean() >= 0.5
 
 
+def test_bf16_int8_package_runs_the_mlp_middle_natively(engine_factory):
+    """A bf16 engine with int8 gate_up and down: its package calls oneDNN's int8 kernel for
+    every layer GEMM and the native scaled-SwiGLU-and-quantise between the two (no SwiGLU
+    of its own), and scores as the reference does."""
+    from engines.bounded.kernels import native
+
+    if not native.load(log=lambda _: None) or not onednn_int8_exact():
+        pytest.skip("needs the native bf16 kernels and oneDNN's exact int8 kernel (VNNI or AMX)")
+    e = engine_factory("bfloat16", int8=["qkv", "o", "gate_up", "down"], gate="accept")
+    calls = _extern_calls(_package(e)["package"])
+    assert any("qlinear_pointwise" in c for c in calls) and "aoti_torch_cpu__linear_pointwise" not in calls, calls
+    text = _package_text(_package(e)["package"])
+    assert "bounded_native::swiglu_quant_bf16" in text and "bounded_native::swiglu_bf16" not in text
+    reqs = _requests()
+    ref = reference(e.config.model_dir)
+    for r, res in zip(reqs, asyncio.run(_gather(e, reqs))):
+        want = ref.scores(r.samples, r.labels)
+        assert (torch.tensor(res.scores).argmax(-1) == want.argmax(-1)).float().mean() >= 0.5
+
+
 def _build_copies(package: str) -> list:
     import zipfile
     from pathlib import Path, PurePosixPath
