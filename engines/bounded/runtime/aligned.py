@@ -15,11 +15,14 @@ from `posix_memalign(64)` (free() takes them back as any other): only that share
 own calls change, and only those the runtime makes (the constants' block among them).
 Elsewhere than Linux with a GNU-compatible compiler, or when the object cannot be built,
 the package links as before (`status()` says why) and runs as before, unaligned.
+`BOUNDED_ALIGNED=0` links as before too (to compare the two: the package cache key says
+which form a package is).
 """
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import shlex
 import subprocess
 import sys
@@ -53,10 +56,18 @@ def _object_path() -> Path:
     return cache_root().parent / "native" / f"aligned_malloc-{digest}.o"
 
 
+def enabled() -> bool:
+    """Are CPU packages to be linked with the wrap (not turned off by BOUNDED_ALIGNED=0)?"""
+    return os.environ.get("BOUNDED_ALIGNED", "1") != "0"
+
+
 def build_object(log: Callable[[str], None] = print) -> Optional[Path]:
     """The object with __wrap_malloc, built once per cache (~1 s); None (and `status()` says
     why) where it cannot be."""
     global _status
+    if not enabled():
+        _status = "off (BOUNDED_ALIGNED=0)"
+        return None
     if not sys.platform.startswith("linux"):
         _status = f"not on Linux ({sys.platform})"
         return None

@@ -100,3 +100,15 @@ def test_a_cpu_package_links_the_wrap_and_runs(cache):
     symbols = subprocess.run(["nm", str(so)], check=True, capture_output=True, text=True).stdout
     assert " t __wrap_malloc" in symbols and "posix_memalign" in symbols
     torch.testing.assert_close(aot.load_package(path)(x), m(x))
+
+
+def test_turned_off_packages_link_as_before_under_their_own_key(cache, monkeypatch):
+    import torch._inductor.codecache as codecache
+
+    key = aot.CompileKey("p", "m", "float32", "float32", "dense", "cpu", torch.__version__, (5,))
+    monkeypatch.setenv("BOUNDED_ALIGNED", "0")
+    off = aot.CompileKey("p", "m", "float32", "float32", "dense", "cpu", torch.__version__, (5,))
+    assert key.aligned and not off.aligned and key.package_path() != off.package_path()
+    with aligned.aligned_constants(log=lambda _: None) as on:
+        assert not on and codecache.CppBuilder.__name__ != "AlignedLink"
+    assert "BOUNDED_ALIGNED=0" in aligned.status()
