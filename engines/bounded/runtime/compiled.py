@@ -34,9 +34,10 @@ INDUCTOR_CONFIGS: dict[str, Any] = {"freezing": True}
 def unfrozen_for_prefill(device: torch.device, policy: PrecisionPolicy) -> bool:
     """Compile a prefill-sized (M >= ~1,000 token rows) package without freezing? On a CPU
     with AMX in a plan of dense bf16 GEMMs: there the frozen graph's oneDNN inner product on
-    the prepacked constants runs ~1.6x slower than oneDNN's matmul on the plain weights the
+    the prepacked constants runs slower than oneDNN's matmul on the plain weights the
     unfrozen graph passes (ONEDNN_VERBOSE, the same brg_matmul AMX kernel: prefill_15's
-    GEMMs 1,180 vs 740 ms a request; 28 qwen3-0.6b layers at 1,440 tokens, 1,360 vs 770 ms),
+    GEMMs 1,180 vs 740 ms a request on 2026-12-03, the constants then 16 bytes off their
+    cache lines; aligned (aligned.py), 1,278 vs 1,091 ms for two requests on 2026-12-06),
     while at the beam step's 100 rows freezing stays ahead (100 vs 115 ms). int8 groups need
     freezing (it lowers them to oneDNN's qlinear); without AMX freezing is the faster form."""
     return (device.type == "cpu" and policy.dtype == "bfloat16" and not policy.low_precision_groups()
