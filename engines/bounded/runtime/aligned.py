@@ -79,12 +79,18 @@ def build_object(log: Callable[[str], None] = print) -> Optional[Path]:
         from torch._inductor.cpp_builder import get_cpp_compiler
 
         obj.parent.mkdir(parents=True, exist_ok=True)
-        src = obj.with_suffix(".cpp")
+        # this process's own source and object, renamed into place: two processes building
+        # at once never read each other's half-written files
+        src = obj.with_name(f"{obj.stem}.{os.getpid()}.cpp")
+        tmp = obj.with_name(f"{obj.stem}.{os.getpid()}.o")
         src.write_text(SOURCE)
-        tmp = obj.with_name(f"{obj.stem}.tmp.o")
-        subprocess.run([get_cpp_compiler(), "-O2", "-fPIC", "-c", str(src), "-o", str(tmp)],
-                       check=True, capture_output=True, text=True, timeout=120)
-        tmp.replace(obj)
+        try:
+            subprocess.run([get_cpp_compiler(), "-O2", "-fPIC", "-c", str(src), "-o", str(tmp)],
+                           check=True, capture_output=True, text=True, timeout=120)
+            tmp.replace(obj)
+        finally:
+            src.unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
     except (ImportError, OSError, subprocess.SubprocessError) as e:
         detail = getattr(e, "stderr", "") or str(e)
         _status = f"object not built: {type(e).__name__}: {detail.strip()[:200]}"
