@@ -13,8 +13,10 @@ quantisation of the next GEMM's elementwise neighbours. In a bf16 graph both deq
 operands are cast to bf16 first, so the kernel writes bf16 (its sum times the weight's scales,
 rounded once; the token's scale after): half the bytes of float32 on the widest activation.
 On a Xeon with AMX (2026-12-06) the float32 output ([1,312, 6,144], 32 MB for gate_up) held
-the int8 plan at 0.82x the bf16 plan's speed on prefill_15; with bf16 out it is level
-(`bench run scenarios/prefill_15_int8.yaml --engine bounded --engine bounded-int8`).
+the int8 plan at 0.82x the bf16 plan's speed on prefill_15, bf16 out brought it level, and
+the weights' alignment (runtime/aligned.py) with the MLP's one-pass middle (`int8_product`,
+model/layers.GatedMLP) took it to 1.21-1.38x (`bench run scenarios/prefill_15_int8.yaml
+--engine bounded --engine bounded-int8 --requests 20`).
 Eagerly the same code is a float GEMM on dequantised values (in bf16, the weight's rounded
 to bf16): close to the same numbers, only slow. `int8_linear_packed` calls the prepacked
 kernel directly, for the beam head that runs outside the graphs.
