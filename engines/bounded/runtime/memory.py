@@ -11,8 +11,11 @@ at concurrency 4, 0.97 -> 1.22-1.28 requests/s (alternated runs); an eager oneDN
 
 `keep_freed_memory()` turns both off (M_MMAP_MAX 0: every block from the heap;
 M_TRIM_THRESHOLD at its largest: the heap never shrinks) until the last holder calls
-`release()`, which puts glibc's defaults back (its dynamic mmap threshold stays where it was).
-The price: the process keeps its peak heap while the engine runs. `BOUNDED_MALLOC=0` leaves
+`release()`, which puts glibc's defaults back (its dynamic mmap threshold stays where it was)
+and hands the kept memory back with `malloc_trim(0)`: without it a freed block left at the
+heap's top, or in a hole below a live one, would stay in the process (and serve the next large
+block with no fault, which is how CI caught it). The price: the process keeps its peak heap
+while the engine runs. `BOUNDED_MALLOC=0` leaves
 malloc alone; elsewhere than glibc there is nothing to do.
 """
 from __future__ import annotations
@@ -31,10 +34,15 @@ _lock = threading.Lock()
 _holders = 0
 
 
-def _mallopt() -> Optional[ctypes._CFuncPtr]:
+def _libc() -> Optional[ctypes.CDLL]:
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return None
-    return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), "mallopt", None)
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+
+
+def _mallopt() -> Optional[ctypes._CFuncPtr]:
+    libc = _libc()
+    return getattr(libc, "mallopt", None) if libc is not None else None
 
 
 class Held:
@@ -54,6 +62,7 @@ class Held:
                 mallopt = _mallopt()
                 mallopt(M_MMAP_MAX, DEFAULT_MMAP_MAX)
                 mallopt(M_TRIM_THRESHOLD, DEFAULT_TRIM_THRESHOLD)
+                _libc().malloc_trim(0)
 
 
 def keep_freed_memory() -> Held:

@@ -16,8 +16,7 @@ MB64 = 64 * 2**20  # over glibc's largest mmap threshold (32 MB): mapped afresh 
 
 def faults_of_a_fresh_block() -> int:
     """Minor page faults of malloc'ing and writing a 64 MB block, after one was freed."""
-    libc = ctypes.CDLL("libc.so.6")
-    libc.malloc.restype, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+    libc = _libc()
     block = libc.malloc(MB64)
     ctypes.memset(block, 1, MB64)
     libc.free(block)
@@ -29,8 +28,15 @@ def faults_of_a_fresh_block() -> int:
     return faults
 
 
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+    return libc
+
+
 def test_held_blocks_come_back_from_the_heap_and_holders_nest(monkeypatch):
     monkeypatch.delenv("BOUNDED_MALLOC", raising=False)
+    assert memory._holders == 0, "an earlier test left an engine (or a holder) unreleased"
     pages = MB64 // 4096
     assert faults_of_a_fresh_block() > pages // 2  # glibc's default: mapped, faulted in again
     first, second = memory.keep_freed_memory(), memory.keep_freed_memory()
@@ -44,6 +50,28 @@ def test_held_blocks_come_back_from_the_heap_and_holders_nest(monkeypatch):
         first.release()
         second.release()
     assert memory._holders == 0
+
+
+def test_the_last_release_hands_the_kept_memory_back(monkeypatch):
+    """A block freed while held sits at the heap's top (a small live block below it); once
+    released, the next large block must not be served from it without a fault."""
+    monkeypatch.delenv("BOUNDED_MALLOC", raising=False)
+    libc = _libc()
+    held = memory.keep_freed_memory()
+    block = libc.malloc(3 * MB64)
+    ctypes.memset(block, 1, 3 * MB64)
+    live = libc.malloc(4096)
+    libc.free(block)
+    held.release()
+    try:
+        again = libc.malloc(MB64)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        ctypes.memset(again, 2, MB64)
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+        libc.free(again)
+    finally:
+        libc.free(live)
+    assert faults > (MB64 // 4096) // 2
 
 
 def test_bounded_malloc_0_leaves_malloc_alone(monkeypatch):
