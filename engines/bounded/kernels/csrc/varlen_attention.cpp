@@ -261,8 +261,8 @@ inline void prefetch_row_l2(const BFloat16* row, int64_t d) {
 // A (row, head) of the output is 4 lines of a row 4 KB long, written last: requested for
 // ownership while the row's softmax computes, so the stores do not wait on the read each line
 // needs first (PREFETCHW, which every AVX-512 CPU has). On a Xeon with AMX these three took
-// prefill_15's layer of attention from 2.8-3.5 to 2.7-3.0 ms, 5-15 % (the same inputs, alternated in
-// one process, 2026-12-06).
+// 5-15 % off a prefill_15 layer of attention (e.g. 3.71 -> 3.19 ms; the two builds alternated
+// in one process, 2026-12-06).
 inline void prefetch_row_for_write(const BFloat16* row, int64_t d) {
   for (int64_t b = 0; b < d * 2; b += 64) asm volatile("prefetchw %0" ::"m"(*(reinterpret_cast<const char*>(row) + b)));
 }

@@ -53,8 +53,9 @@ def test_held_blocks_come_back_from_the_heap_and_holders_nest(monkeypatch):
 
 
 def test_the_last_release_hands_the_kept_memory_back(monkeypatch):
-    """A block freed while held sits at the heap's top (a small live block below it); once
-    released, the next large block must not be served from it without a fault."""
+    """A large block freed while held stays in the heap (a small block allocated after it
+    still lives); once released, the next large block must be mapped afresh, not served
+    from what the engine kept."""
     monkeypatch.delenv("BOUNDED_MALLOC", raising=False)
     libc = _libc()
     held = memory.keep_freed_memory()
