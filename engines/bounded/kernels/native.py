@@ -170,7 +170,8 @@ def _fake_beam_attention(q: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
 def _fake_varlen_attention_rope(qkv: torch.Tensor, hq: int, hkv: int, q_norm: Optional[torch.Tensor],
                                 k_norm: Optional[torch.Tensor], eps: float, cos: torch.Tensor, sin: torch.Tensor,
                                 positions: torch.Tensor, cu_seqlens: torch.Tensor,
-                                prefix: Optional[torch.Tensor] = None) -> torch.Tensor:
+                                prefix: Optional[torch.Tensor] = None,
+                                row_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
     return qkv.new_empty(qkv.shape[0], qkv.shape[1] // (hq + 2 * hkv) * hq)
 
 
@@ -210,9 +211,19 @@ class NativeAttention:
         return head_dim % 32 == 0 and head_dim <= 512 and dtype == torch.bfloat16
 
     def fused(self, qkv: Tensor, heads: int, kv_heads: int, q_norm: Optional[Tensor], k_norm: Optional[Tensor],
-              eps: float, cos: Tensor, sin: Tensor, positions: Tensor) -> Tensor:
+              eps: float, cos: Tensor, sin: Tensor, positions: Tensor, row_scale: Optional[Tensor] = None) -> Tensor:
         """qkv [T, (Hq + 2 Hkv) D]; q_norm/k_norm [D] or None; cos/sin [P, D] tables;
-        positions [T] -> [T, Hq*D]."""
-        ops = torch.ops.bounded_native_f32.varlen_attention_rope_f32 if qkv.dtype == torch.float32 \
-            else torch.ops.bounded_native.varlen_attention_rope_bf16
-        return ops(qkv, heads, kv_heads, q_norm, k_norm, eps, cos, sin, positions, self.cu_seqlens, self.prefix)
+        positions [T] -> [T, Hq*D]. `row_scale` [T, 1] float32 (bf16 only: `scales_rows`): qkv
+        is an int8 product whose rows the kernel scales as it reads them."""
+        if qkv.dtype == torch.float32:
+            if row_scale is not None:
+                raise ValueError("row_scale: the bf16 kernel's only")
+            return torch.ops.bounded_native_f32.varlen_attention_rope_f32(
+                qkv, heads, kv_heads, q_norm, k_norm, eps, cos, sin, positions, self.cu_seqlens, self.prefix)
+        return torch.ops.bounded_native.varlen_attention_rope_bf16(
+            qkv, heads, kv_heads, q_norm, k_norm, eps, cos, sin, positions, self.cu_seqlens, self.prefix, row_scale)
+
+    @staticmethod
+    def scales_rows(dtype: torch.dtype) -> bool:
+        """Whether `fused` takes an int8 product and its row scales (`row_scale`)."""
+        return dtype == torch.bfloat16

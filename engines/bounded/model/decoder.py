@@ -14,6 +14,8 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from engines.bounded.kernels import int8
+from engines.bounded.kernels.native import NativeAttention
 from engines.bounded.model.config import ModelConfig
 from engines.bounded.model.families import read_model_config
 from engines.bounded.model.layers import Attend, FusedAttend, GatedMLP, Linear, RMSNorm, Rope
@@ -54,7 +56,19 @@ class DecoderLayer(nn.Module):
         c = self.cfg
         qn = None if self.q_norm is None else self.q_norm.weight
         kn = None if self.k_norm is None else self.k_norm.weight
-        return fused(self.project(x), c.heads, c.kv_heads, qn, kn, c.rms_eps, rope.cos, rope.sin, positions)
+        qkv, h = self.qkv, self.input_norm(x)
+        if self._int8_into_attention(h):
+            # the int8 product goes to the kernel with its rows' scales, which it applies as it
+            # reads each row (csrc/varlen_attention.cpp): no pass of its own over [T, (Hq + 2 Hkv) D]
+            xq, x_scale = int8.quantise_rows(h)
+            product = int8.int8_product(xq, qkv.weight, qkv.weight_scale, qkv.weight_zero, h.dtype)
+            return fused(product, c.heads, c.kv_heads, qn, kn, c.rms_eps, rope.cos, rope.sin, positions,
+                         row_scale=x_scale)
+        return fused(qkv(h), c.heads, c.kv_heads, qn, kn, c.rms_eps, rope.cos, rope.sin, positions)
+
+    def _int8_into_attention(self, h: Tensor) -> bool:
+        return (self.qkv.kind == "int8" and self.qkv.bias is None and h.device.type == "cpu"
+                and NativeAttention.scales_rows(h.dtype))
 
     def project_qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         # x: [T, hidden] residual stream -> q [T, Hq, D], k/v [T, Hkv, D]

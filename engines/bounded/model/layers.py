@@ -18,9 +18,10 @@ from engines.bounded.model.precision import GEMM_KINDS, PrecisionPolicy
 # by the program that runs the decoder (it knows the packing, the cached K/V, the masks)
 Attend = Callable[[int, Tensor, Tensor, Tensor], Tensor]
 # fused(qkv [T, (Hq + 2 Hkv) D] as projected, Hq, Hkv, q_norm/k_norm weights [D] or None, eps,
-# the rotary tables cos/sin [P, D], positions [T]) -> [T, Hq*D]: attention that norms and
-# rotates q/k itself (kernels/native.NativeAttention.fused)
-FusedAttend = Callable[[Tensor, int, int, Optional[Tensor], Optional[Tensor], float, Tensor, Tensor, Tensor], Tensor]
+# the rotary tables cos/sin [P, D], positions [T], row_scale=None) -> [T, Hq*D]: attention that
+# norms and rotates q/k itself (kernels/native.NativeAttention.fused); with row_scale [T, 1]
+# (bf16), qkv is an int8 product whose rows it scales as it reads them
+FusedAttend = Callable[..., Tensor]
 
 
 class Linear(nn.Module):

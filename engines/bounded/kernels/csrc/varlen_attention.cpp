@@ -57,6 +57,7 @@ struct Prep {              // the fused entry: q/k as projected, RMS-normed (wei
   const BFloat16* qw = nullptr;   // [D] q/k norm weights (nullptr: no norm, as Qwen2)
   const BFloat16* kw = nullptr;
   float eps = 0.0f;
+  const float* scale = nullptr;   // [T] each row's scale (nullptr: none): an int8 GEMM's product
 };
 
 #define BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
@@ -93,6 +94,14 @@ BF16_TARGET float exp_row(const float* row, int64_t n, float scale, BFloat16* ds
 
 BF16_TARGET inline __m512 load_bf16(const BFloat16* p) {  // 16 bf16 -> float32 (exact)
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+
+// dst[0:d] = bf16(src[0:d] * s), rounded to nearest even: the int8 qkv projection's product
+// times its row's scale, as the graph's multiply and cast to bf16 gave it; d % 16 == 0
+BF16_TARGET void scale_row(const BFloat16* src, float s, int64_t d, BFloat16* dst) {
+  const __m512 vs = _mm512_set1_ps(s);
+  for (int64_t c = 0; c < d; c += 16)
+    _mm256_storeu_si256((__m256i*)(dst + c), (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(load_bf16(src + c), vs)));
 }
 
 // dst[0:d] = bf16(rotate(norm(src))) for one head's row at position `pos`, in float32 with one
@@ -273,6 +282,7 @@ struct Scratch {
   std::vector<uint32_t> kt, vt;  // keys and values in pairs
   std::vector<float> scores, acc, sums;
   std::vector<BFloat16> probs, qp, kp;  // rows prepared by prep_row (AMX: copied, whole tiles)
+  std::vector<BFloat16> scaled;         // a row scaled (Prep::scale), then prepared or interleaved
   std::optional<bounded::Tiles> tiles;  // this worker's AMX tiles, configured at its first unit
 };
 
@@ -297,11 +307,17 @@ void run_unit(const Unit& u, const Rows& x, const Prep& prep, BFloat16* out, int
   std::vector<int64_t> krow(keys);
   if (prep.cos != nullptr) {
     w.kp.resize(keys * d);
+    w.scaled.resize(2 * d);
     for (int64_t j = 0; j < keys; ++j) {
       if (j + AHEAD < keys) prefetch_row(x.k + key_row(j + AHEAD) * x.ks + u.head * d, d);
       if (j + FAR < keys) prefetch_row_l2(x.k + key_row(j + FAR) * x.ks + u.head * d, d);
       for (int64_t a = 2 * j; a < std::min(keys, 2 * j + 2); ++a) prefetch_row_l2(x.v + key_row(a) * x.vs + u.head * d, d);
-      prep_row(x.k + key_row(j) * x.ks + u.head * d, prep.kw, prep, prep.pos[key_row(j)], d, w.kp.data() + j * d);
+      const BFloat16* src = x.k + key_row(j) * x.ks + u.head * d;
+      if (prep.scale != nullptr) {
+        scale_row(src, prep.scale[key_row(j)], d, w.scaled.data());
+        src = w.scaled.data();
+      }
+      prep_row(src, prep.kw, prep, prep.pos[key_row(j)], d, w.kp.data() + j * d);
       krow[j] = j * d / 2;
     }
     kwords = reinterpret_cast<const uint32_t*>(w.kp.data());
@@ -315,6 +331,14 @@ void run_unit(const Unit& u, const Rows& x, const Prep& prep, BFloat16* out, int
     const BFloat16* v1 = 2 * p + 1 < keys ? x.v + key_row(2 * p + 1) * x.vs + u.head * d : nullptr;
     for (int64_t a = 2 * (p + AHEAD / 2); a < std::min(keys, 2 * (p + AHEAD / 2) + 2); ++a)
       prefetch_row(x.v + key_row(a) * x.vs + u.head * d, d);
+    if (prep.scale != nullptr) {
+      scale_row(v0, prep.scale[key_row(2 * p)], d, w.scaled.data());
+      v0 = w.scaled.data();
+      if (v1 != nullptr) {
+        scale_row(v1, prep.scale[key_row(2 * p + 1)], d, w.scaled.data() + d);
+        v1 = w.scaled.data() + d;
+      }
+    }
     interleave_rows(v0, v1, d, w.vt.data() + p * d);
   }
   // a block's rows: whole 16-row tiles where AMX computes (the rows past the block are scratch)
@@ -335,7 +359,12 @@ void run_unit(const Unit& u, const Rows& x, const Prep& prep, BFloat16* out, int
       if (prep.cos != nullptr) {  // each (row, head) of q is prepared once: its block is this unit's
         for (int64_t r = 0; r < m; ++r) {
           if (r + AHEAD < m) prefetch_row(qa + (r + AHEAD) * x.qs, d);
-          prep_row(qa + r * x.qs, prep.qw, prep, prep.pos[r0 + r], d, w.qp.data() + r * d);
+          const BFloat16* src = qa + r * x.qs;
+          if (prep.scale != nullptr) {
+            scale_row(src, prep.scale[r0 + r], d, w.scaled.data());
+            src = w.scaled.data();
+          }
+          prep_row(src, prep.qw, prep, prep.pos[r0 + r], d, w.qp.data() + r * d);
         }
         qa = w.qp.data();
         lda = d;
@@ -397,12 +426,16 @@ at::Tensor varlen_attention_bf16(const at::Tensor& q, const at::Tensor& k, const
 // The same attention over the fused projection qkv [T, (Hq + 2 Hkv) D] as the qkv GEMM gives
 // it: q and k RMS-normed per head (q_norm/k_norm [D], or none) and rotated at `positions` by
 // the tables cos/sin [P, D] here, as they are read (the graph's separate norm + RoPE kernel
-// wrote and read them back: 2.6 ms a prefill_15 layer on Zen 4).
+// wrote and read them back: 2.6 ms a prefill_15 layer on Zen 4). With `row_scale` [T] float32,
+// qkv is an int8 GEMM's product without its rows' scales (kernels/int8.int8_product): each row
+// is scaled and rounded to bf16 as it is read, the values the graph's own pass over the whole
+// [T, (Hq + 2 Hkv) D] wrote before (model/decoder.Layer.attend_fused).
 at::Tensor varlen_attention_rope_bf16(const at::Tensor& qkv, int64_t hq, int64_t hkv,
                                       const c10::optional<at::Tensor>& q_norm, const c10::optional<at::Tensor>& k_norm,
                                       double eps, const at::Tensor& cos, const at::Tensor& sin,
                                       const at::Tensor& positions, const at::Tensor& cu_seqlens,
-                                      const c10::optional<at::Tensor>& prefix) {
+                                      const c10::optional<at::Tensor>& prefix,
+                                      const c10::optional<at::Tensor>& row_scale) {
   TORCH_CHECK(qkv.device().is_cpu() && qkv.scalar_type() == at::kBFloat16 && qkv.dim() == 2 && qkv.stride(1) == 1,
               "qkv: a bfloat16 CPU [T, (Hq + 2 Hkv) D] with unit column stride");
   TORCH_CHECK(hkv > 0 && hq % hkv == 0 && qkv.size(1) % (hq + 2 * hkv) == 0, "qkv: (Hq + 2 Hkv) heads, Hkv dividing Hq");
@@ -436,6 +469,13 @@ at::Tensor varlen_attention_rope_bf16(const at::Tensor& qkv, int64_t hq, int64_t
   prep.qw = qw.defined() ? qw.data_ptr<BFloat16>() : nullptr;
   prep.kw = kw.defined() ? kw.data_ptr<BFloat16>() : nullptr;
   prep.eps = static_cast<float>(eps);
+  at::Tensor sc;
+  if (row_scale.has_value() && row_scale->defined()) {
+    TORCH_CHECK(row_scale->scalar_type() == at::kFloat && row_scale->numel() == t,
+                "row_scale: float32, one per row of qkv");
+    sc = row_scale->contiguous();
+    prep.scale = sc.data_ptr<float>();
+  }
   return attend(x, prep, t, hq, hkv, d, cu_seqlens, prefix, qkv.options());
 }
 
@@ -444,7 +484,8 @@ at::Tensor varlen_attention_rope_bf16(const at::Tensor& qkv, int64_t hq, int64_t
 TORCH_LIBRARY(bounded_native, m) {
   m.def("varlen_attention_bf16(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, Tensor? prefix=None) -> Tensor");
   m.def("varlen_attention_rope_bf16(Tensor qkv, int hq, int hkv, Tensor? q_norm, Tensor? k_norm, float eps, "
-        "Tensor cos, Tensor sin, Tensor positions, Tensor cu_seqlens, Tensor? prefix=None) -> Tensor");
+        "Tensor cos, Tensor sin, Tensor positions, Tensor cu_seqlens, Tensor? prefix=None, "
+        "Tensor? row_scale=None) -> Tensor");
   m.def("attention_uses_amx(int head_dim) -> bool", [](int64_t d) { return use_amx(d); });
 }
 

@@ -399,6 +399,31 @@ def test_native_attention_norms_and_rotates_the_projection_itself(native_kernel,
                                                             cos[:, :16], sin[:, :16], pos, b.cu_seqlens, b.prefix)
 
 
+@pytest.mark.parametrize("hq, hkv, d", [(8, 2, 64), (16, 8, 128)])
+def test_native_fused_attention_scales_an_int8_products_rows_as_the_graph_did(native_kernel, hq, hkv, d):
+    """row_scale: the fused entry on an int8 GEMM's product and its rows' scales gives, bit
+    for bit, what it gives on the product scaled and rounded to bf16 first (the graph's pass
+    it replaces), queries with items included; a scale of the wrong length is refused."""
+    from engines.bounded.kernels import dense
+
+    rng = random.Random(hq + d)
+    b, _, _, _ = random_batch(rng, hq, hkv, d, torch.bfloat16)
+    t = b.num_tokens
+    torch.manual_seed(d)
+    product = (torch.randn(t, (hq + 2 * hkv) * d) * 40).bfloat16()
+    scale = torch.rand(t, 1) * 0.02 + 1e-3
+    qw, kw = ((torch.rand(d) + 0.5).bfloat16() for _ in range(2))
+    cos, sin = (x.bfloat16() for x in dense.rope_tables(dense.rope_inv_freq(d, 1e6), 1024))
+    op = torch.ops.bounded_native.varlen_attention_rope_bf16
+    want = op((product.float() * scale).bfloat16(), hq, hkv, qw, kw, 1e-6, cos, sin, b.positions, b.cu_seqlens,
+              b.prefix)
+    got = op(product, hq, hkv, qw, kw, 1e-6, cos, sin, b.positions, b.cu_seqlens, b.prefix, scale)
+    assert torch.equal(got, want)
+    assert not torch.equal(op(product, hq, hkv, qw, kw, 1e-6, cos, sin, b.positions, b.cu_seqlens, b.prefix), want)
+    with pytest.raises(RuntimeError, match="one per row"):
+        op(product, hq, hkv, qw, kw, 1e-6, cos, sin, b.positions, b.cu_seqlens, b.prefix, scale[1:])
+
+
 def test_native_attention_reads_views_of_a_fused_projection(native_kernel):
     """q/k/v as the model makes them: column slices of one [T, (Hq + 2 Hkv) D] projection,
     rows further apart than their width."""
