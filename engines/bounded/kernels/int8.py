@@ -16,7 +16,8 @@ On a Xeon with AMX (2026-12-06) the float32 output ([1,312, 6,144], 32 MB for ga
 the int8 plan at 0.82x the bf16 plan's speed on prefill_15, bf16 out brought it level, and
 the weights' alignment (runtime/aligned.py) with the MLP's one-pass middle (`int8_product`,
 model/layers.GatedMLP) took it to 1.21-1.38x (`bench run scenarios/prefill_15_int8.yaml
---engine bounded --engine bounded-int8 --requests 20`).
+--engine bounded --engine bounded-int8 --requests 20`); the qkv product handed to the fused
+attention with its row scales (model/decoder.Layer.attend_fused), 1.31-1.41x.
 Eagerly the same code is a float GEMM on dequantised values (in bf16, the weight's rounded
 to bf16): close to the same numbers, only slow. `int8_linear_packed` calls the prepacked
 kernel directly, for the beam head that runs outside the graphs.
