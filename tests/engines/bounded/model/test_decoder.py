@@ -16,8 +16,8 @@ from engines.bounded.runtime.buffers import pack
 from ..conftest import random_seqs, reference
 
 
-def _scores(model_dir, dtype, seqs, labels, attention="per_sequence"):
-    prog = ScorePrefill(load_model(model_dir, PrecisionPolicy(dtype)), attention)
+def _scores(model_dir, dtype, seqs, labels, attention="per_sequence", policy=None):
+    prog = ScorePrefill(load_model(model_dir, policy or PrecisionPolicy(dtype)), attention)
     with torch.no_grad():
         b = pack(seqs)
         return torch.softmax(prog(*b.varlen_args(), b.prefix, torch.tensor(labels)), -1)
@@ -61,3 +61,32 @@ def test_native_attention_norms_and_rotates_qk_itself(tmp_path, monkeypatch, pre
     fused_err, unfused_err = ((x - want).abs().max().item() for x in (fused, unfused))
     # one rounding of q/k after norm and RoPE (the eager unfused ops round after each)
     assert fused_err < 2e-2 and fused_err <= 1.5 * unfused_err + 2e-3, (fused_err, unfused_err)
+
+
+def test_int8_qkv_product_goes_to_the_fused_attention_with_its_row_scales(monkeypatch):
+    """A bf16 plan with int8 qkv and the native fused attention (head dim 32, Qwen3: no qkv
+    bias): every layer hands the kernel the int8 product and its rows' scales, and the scores
+    are bit for bit those of scaling the product in the graph first."""
+    from engines.bounded.kernels import native
+    from engines.bounded.kernels.native import NativeAttention
+    from engines.bounded.model.decoder import DecoderLayer
+    from harness.workload.presets import materialise
+
+    if not native.load(log=lambda _: None):
+        pytest.skip(f"native CPU attention unavailable here: {native.status()}")
+    model_dir = materialise("tiny-hd32", log=lambda s: None)
+    policy = PrecisionPolicy("bfloat16", gemm={"qkv": "int8"})
+    rng = random.Random(2)
+    seqs = random_seqs(rng, 8, 1, 120)
+    labels = [rng.randrange(151936) for _ in range(3)]
+    scales = []
+    fused_call = NativeAttention.fused
+    monkeypatch.setattr(NativeAttention, "fused",
+                        lambda self, *a, row_scale=None: scales.append(row_scale) or fused_call(self, *a, row_scale=row_scale))
+    folded = _scores(model_dir, "bfloat16", seqs, labels, "native", policy)
+    assert len(scales) == 2 and all(s is not None and s.dtype == torch.float32 for s in scales)
+    monkeypatch.setattr(DecoderLayer, "_int8_into_attention", lambda self, h: False)
+    scales.clear()
+    in_graph = _scores(model_dir, "bfloat16", seqs, labels, "native", policy)
+    assert len(scales) == 2 and all(s is None for s in scales)
+    assert torch.equal(folded, in_graph)
