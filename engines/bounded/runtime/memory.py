@@ -59,10 +59,10 @@ class Held:
         with _lock:
             _holders -= 1
             if _holders == 0:
-                mallopt = _mallopt()
-                mallopt(M_MMAP_MAX, DEFAULT_MMAP_MAX)
-                mallopt(M_TRIM_THRESHOLD, DEFAULT_TRIM_THRESHOLD)
-                _libc().malloc_trim(0)
+                libc = _libc()
+                libc.mallopt(M_MMAP_MAX, DEFAULT_MMAP_MAX)
+                libc.mallopt(M_TRIM_THRESHOLD, DEFAULT_TRIM_THRESHOLD)
+                libc.malloc_trim(0)
 
 
 def keep_freed_memory() -> Held:

@@ -96,12 +96,15 @@ BF16_TARGET inline __m512 load_bf16(const BFloat16* p) {  // 16 bf16 -> float32 
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
 }
 
-// dst[0:d] = bf16(src[0:d] * s), rounded to nearest even: the int8 qkv projection's product
-// times its row's scale, as the graph's multiply and cast to bf16 gave it; d % 16 == 0
-BF16_TARGET void scale_row(const BFloat16* src, float s, int64_t d, BFloat16* dst) {
-  const __m512 vs = _mm512_set1_ps(s);
+// Row `row` of q, k or v at src as the kernel reads it: src itself, or -- where the entry has
+// row scales (an int8 GEMM's product) -- tmp[0:d] = bf16(src[0:d] * scale[row]), rounded to
+// nearest even as the graph's multiply and cast to bf16 gave it; d % 16 == 0
+BF16_TARGET const BFloat16* read_row(const BFloat16* src, const float* scale, int64_t row, int64_t d, BFloat16* tmp) {
+  if (scale == nullptr) return src;
+  const __m512 vs = _mm512_set1_ps(scale[row]);
   for (int64_t c = 0; c < d; c += 16)
-    _mm256_storeu_si256((__m256i*)(dst + c), (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(load_bf16(src + c), vs)));
+    _mm256_storeu_si256((__m256i*)(tmp + c), (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(load_bf16(src + c), vs)));
+  return tmp;
 }
 
 // dst[0:d] = bf16(rotate(norm(src))) for one head's row at position `pos`, in float32 with one
@@ -311,13 +314,11 @@ void run_unit(const Unit& u, const Rows& x, const Prep& prep, BFloat16* out, int
     for (int64_t j = 0; j < keys; ++j) {
       if (j + AHEAD < keys) prefetch_row(x.k + key_row(j + AHEAD) * x.ks + u.head * d, d);
       if (j + FAR < keys) prefetch_row_l2(x.k + key_row(j + FAR) * x.ks + u.head * d, d);
-      for (int64_t a = 2 * j; a < std::min(keys, 2 * j + 2); ++a) prefetch_row_l2(x.v + key_row(a) * x.vs + u.head * d, d);
-      const BFloat16* src = x.k + key_row(j) * x.ks + u.head * d;
-      if (prep.scale != nullptr) {
-        scale_row(src, prep.scale[key_row(j)], d, w.scaled.data());
-        src = w.scaled.data();
-      }
-      prep_row(src, prep.kw, prep, prep.pos[key_row(j)], d, w.kp.data() + j * d);
+      for (int64_t a = 2 * j; a < std::min(keys, 2 * j + 2); ++a)
+        prefetch_row_l2(x.v + key_row(a) * x.vs + u.head * d, d);
+      const int64_t row = key_row(j);
+      const BFloat16* src = read_row(x.k + row * x.ks + u.head * d, prep.scale, row, d, w.scaled.data());
+      prep_row(src, prep.kw, prep, prep.pos[row], d, w.kp.data() + j * d);
       krow[j] = j * d / 2;
     }
     kwords = reinterpret_cast<const uint32_t*>(w.kp.data());
@@ -327,18 +328,13 @@ void run_unit(const Unit& u, const Rows& x, const Prep& prep, BFloat16* out, int
   }
   transpose_words(kwords, krow.data(), keys, d / 2, w.kt.data(), ldk);
   for (int64_t p = 0; p < kpairs; ++p) {
-    const BFloat16* v0 = x.v + key_row(2 * p) * x.vs + u.head * d;
-    const BFloat16* v1 = 2 * p + 1 < keys ? x.v + key_row(2 * p + 1) * x.vs + u.head * d : nullptr;
+    const BFloat16* v0 = read_row(x.v + key_row(2 * p) * x.vs + u.head * d, prep.scale, key_row(2 * p), d,
+                                  w.scaled.data());
+    const BFloat16* v1 = 2 * p + 1 < keys ? read_row(x.v + key_row(2 * p + 1) * x.vs + u.head * d, prep.scale,
+                                                     key_row(2 * p + 1), d, w.scaled.data() + d)
+                                          : nullptr;
     for (int64_t a = 2 * (p + AHEAD / 2); a < std::min(keys, 2 * (p + AHEAD / 2) + 2); ++a)
       prefetch_row(x.v + key_row(a) * x.vs + u.head * d, d);
-    if (prep.scale != nullptr) {
-      scale_row(v0, prep.scale[key_row(2 * p)], d, w.scaled.data());
-      v0 = w.scaled.data();
-      if (v1 != nullptr) {
-        scale_row(v1, prep.scale[key_row(2 * p + 1)], d, w.scaled.data() + d);
-        v1 = w.scaled.data() + d;
-      }
-    }
     interleave_rows(v0, v1, d, w.vt.data() + p * d);
   }
   // a block's rows: whole 16-row tiles where AMX computes (the rows past the block are scratch)
@@ -359,12 +355,8 @@ void run_unit(const Unit& u, const Rows& x, const Prep& prep, BFloat16* out, int
       if (prep.cos != nullptr) {  // each (row, head) of q is prepared once: its block is this unit's
         for (int64_t r = 0; r < m; ++r) {
           if (r + AHEAD < m) prefetch_row(qa + (r + AHEAD) * x.qs, d);
-          const BFloat16* src = qa + r * x.qs;
-          if (prep.scale != nullptr) {
-            scale_row(src, prep.scale[r0 + r], d, w.scaled.data());
-            src = w.scaled.data();
-          }
-          prep_row(src, prep.qw, prep, prep.pos[r0 + r], d, w.qp.data() + r * d);
+          prep_row(read_row(qa + r * x.qs, prep.scale, r0 + r, d, w.scaled.data()), prep.qw, prep, prep.pos[r0 + r], d,
+                   w.qp.data() + r * d);
         }
         qa = w.qp.data();
         lda = d;
