@@ -81,8 +81,11 @@ def test_int8_qkv_product_goes_to_the_fused_attention_with_its_row_scales(monkey
     labels = [rng.randrange(151936) for _ in range(3)]
     scales = []
     fused_call = NativeAttention.fused
-    monkeypatch.setattr(NativeAttention, "fused",
-                        lambda self, *a, row_scale=None: scales.append(row_scale) or fused_call(self, *a, row_scale=row_scale))
+    def fused(self, *args, row_scale=None):
+        scales.append(row_scale)
+        return fused_call(self, *args, row_scale=row_scale)
+
+    monkeypatch.setattr(NativeAttention, "fused", fused)
     folded = _scores(model_dir, "bfloat16", seqs, labels, "native", policy)
     assert len(scales) == 2 and all(s is not None and s.dtype == torch.float32 for s in scales)
     monkeypatch.setattr(DecoderLayer, "_int8_into_attention", lambda self, h: False)
