@@ -14,7 +14,7 @@ M_TRIM_THRESHOLD at its largest: the heap never shrinks) until the last holder c
 `release()`, which puts glibc's defaults back (its dynamic mmap threshold stays where it was)
 and hands the kept memory back with `malloc_trim(0)`: without it a freed block left at the
 heap's top, or in a hole below a live one, would stay in the process (and serve the next large
-block with no fault, which is how CI caught it). The price: the process keeps its peak heap
+block with no fault). The price: the process keeps its peak heap
 while the engine runs. `BOUNDED_MALLOC=0` leaves malloc alone; elsewhere than glibc there is
 nothing to do.
 """
