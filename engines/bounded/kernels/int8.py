@@ -17,7 +17,7 @@ the int8 plan at 0.82x the bf16 plan's speed on prefill_15, bf16 out brought it 
 the weights' alignment (runtime/aligned.py) with the MLP's one-pass middle (`int8_product`,
 model/layers.GatedMLP) took it to 1.21-1.38x (`bench run scenarios/prefill_15_int8.yaml
 --engine bounded --engine bounded-int8 --requests 20`); the qkv product handed to the fused
-attention with its row scales (model/decoder.Layer.attend_fused), 1.31-1.41x.
+attention with its row scales (model/decoder.DecoderLayer.attend_normed), 1.31-1.41x.
 Eagerly the same code is a float GEMM on dequantised values (in bf16, the weight's rounded
 to bf16): close to the same numbers, only slow. `int8_linear_packed` calls the prepacked
 kernel directly, for the beam head that runs outside the graphs.
@@ -33,6 +33,7 @@ import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers quantized_
 import torch.nn.functional as F
 from torch import Tensor
 
+from engines.bounded.kernels import native
 from engines.hardware import onednn_int8_exact
 
 QMAX = 127.0  # symmetric int8 range [-127, 127]
@@ -41,7 +42,7 @@ ZERO = 128  # the u8 zero point the activations travel with
 _qd = torch.ops.quantized_decomposed
 
 
-def _cast(x: Tensor, dtype: torch.dtype) -> Tensor:
+def cast(x: Tensor, dtype: torch.dtype) -> Tensor:
     # aten _to_copy, not .to(): under torch.export .to() adds a metadata check that uses its
     # input, and a quantisation pattern only matches nodes with a single user
     return torch.ops.aten._to_copy.default(x, dtype=dtype)
@@ -55,10 +56,14 @@ def int8_quantise(weight: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def quantise_rows(x: Tensor) -> tuple[Tensor, Tensor]:
-    """x [T, K] float -> (u8 [T, K] holding q + 128 for q in [-127, 127], float32 scale [T, 1])."""
-    xf = _cast(x, torch.float32)
+    """x [T, K] float -> (u8 [T, K] holding q + 128 for q in [-127, 127], float32 scale [T, 1]).
+    bf16 on a CPU with the native kernels: theirs (csrc/norms.cpp), one read of x, where the
+    graph's fused kernel ran at a third of the copy bandwidth."""
+    if x.dtype == torch.bfloat16 and x.dim() == 2 and x.device.type == "cpu" and native.available():
+        return torch.ops.bounded_native.quantise_rows_bf16(x)
+    xf = cast(x, torch.float32)
     scale = xf.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / QMAX
-    return _cast((xf / scale).round().clamp(-QMAX, QMAX) + ZERO, torch.uint8), scale
+    return cast((xf / scale).round().clamp(-QMAX, QMAX) + ZERO, torch.uint8), scale
 
 
 def int8_linear(x: Tensor, weight: Tensor, weight_scale: Tensor, weight_zero: Tensor,
@@ -75,7 +80,7 @@ def int8_linear_quantised(xq: Tensor, x_scale: Tensor, weight: Tensor, weight_sc
     y = int8_product(xq, weight, weight_scale, weight_zero, dtype) * x_scale
     if bias is not None:
         y = y + bias
-    return _cast(y, dtype)
+    return cast(y, dtype)
 
 
 def int8_product(xq: Tensor, weight: Tensor, weight_scale: Tensor, weight_zero: Tensor, dtype: torch.dtype) -> Tensor:
@@ -84,7 +89,7 @@ def int8_product(xq: Tensor, weight: Tensor, weight_scale: Tensor, weight_zero: 
     xd = _qd.dequantize_per_tensor.default(xq, 1.0, ZERO, 0, 255, torch.uint8)  # [T, K] = q
     wd = _qd.dequantize_per_channel.default(weight, weight_scale, weight_zero, 0, -128, 127, torch.int8)
     if dtype == torch.bfloat16:  # the kernel writes bf16
-        return F.linear(_cast(xd, torch.bfloat16), _cast(wd, torch.bfloat16))
+        return F.linear(cast(xd, torch.bfloat16), cast(wd, torch.bfloat16))
     return F.linear(xd, wd)
 
 
@@ -107,8 +112,8 @@ def int8_linear_packed(x: Tensor, packed: Optional[Tensor], weight: Tensor, weig
     43.7 ms with the zeroing vs 57-72 ms into new memory at 100 rows)."""
     xq, x_scale = quantise_rows(x)
     if packed is None:
-        q = _cast(_cast(xq, torch.int16) - ZERO, torch.int8)
-        y = _cast(torch._int_mm(q, weight.t()), torch.float32).mul_(weight_scale).mul_(x_scale)
+        q = cast(cast(xq, torch.int16) - ZERO, torch.int8)
+        y = cast(torch._int_mm(q, weight.t()), torch.float32).mul_(weight_scale).mul_(x_scale)
         return y if out is None else out.copy_(y)
     if out is None:
         y = torch.ops.onednn.qlinear_pointwise(xq, 1.0, ZERO, packed, weight_scale, None, None, 1.0, 0,

@@ -10,7 +10,9 @@ with its log-sum-exp and block maxima as its epilogue, then the exact top-k cont
 no [rows, V] logits written (`beam_head_top`). And the bf16 MLP's SwiGLU (`swiglu_bf16`,
 csrc/swiglu.cpp: the graphs call it through kernels/dense.swiglu), and the int8 MLP's middle
 (`swiglu_quant_bf16`: gate_up's product scaled, SwiGLU, quantised for down, in one pass;
-model/layers.GatedMLP). Built into
+model/layers.GatedMLP). And the residual add with the RMSNorm after it, in one pass, its
+output bf16 or quantised for an int8 GEMM, and that quantisation alone (csrc/norms.cpp,
+called through kernels/norms.py). Built into
 `$BOUNDED_BENCH_CACHE/native/<digest>/` (~30 s with g++), named by a digest of the sources
 and torch's version, so an edit or a new torch builds anew and a stale library never loads.
 Where it cannot be had -- no C++ compiler, a CPU without AVX512-BF16, a failed build --
@@ -130,6 +132,9 @@ def _bf16_fakes() -> None:
     torch.library.register_fake("bounded_native::varlen_attention_rope_bf16")(_fake_varlen_attention_rope)
     torch.library.register_fake("bounded_native::swiglu_bf16")(_fake_swiglu)
     torch.library.register_fake("bounded_native::swiglu_quant_bf16")(_fake_swiglu_quant)
+    torch.library.register_fake("bounded_native::add_rms_norm_bf16")(_fake_add_rms_norm)
+    torch.library.register_fake("bounded_native::add_rms_norm_quant_bf16")(_fake_add_rms_norm_quant)
+    torch.library.register_fake("bounded_native::quantise_rows_bf16")(_fake_quantise_rows)
 
 
 def _f32_fakes() -> None:
@@ -139,7 +144,7 @@ def _f32_fakes() -> None:
     torch.library.register_fake("bounded_native_f32::swiglu_f32")(_fake_swiglu)
 
 
-BF16 = Library("bf16", ("varlen_attention.cpp", "beam_head.cpp", "swiglu.cpp"), CFLAGS, cpu_has_bf16_dot,
+BF16 = Library("bf16", ("varlen_attention.cpp", "beam_head.cpp", "swiglu.cpp", "norms.cpp"), CFLAGS, cpu_has_bf16_dot,
                "AVX512-BF16", _bf16_fakes)
 F32 = Library("float32", ("varlen_attention_f32.cpp", "beam_attention_f32.cpp", "beam_head_f32.cpp", "swiglu_f32.cpp"),
               CFLAGS_F32, cpu_has_avx2_fma, "AVX2 and FMA", _f32_fakes)
@@ -156,6 +161,20 @@ def _fake_swiglu(gate_up: torch.Tensor) -> torch.Tensor:
 def _fake_swiglu_quant(product: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     rows, inner = product.shape[0], product.shape[1] // 2
     return product.new_empty(rows, inner, dtype=torch.uint8), product.new_empty(rows, 1, dtype=torch.float32)
+
+
+def _fake_add_rms_norm(x: torch.Tensor, delta: torch.Tensor, delta_scale: Optional[torch.Tensor],
+                       weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return x.new_empty(x.shape), x.new_empty(x.shape, dtype=torch.bfloat16)
+
+
+def _fake_add_rms_norm_quant(x: torch.Tensor, delta: torch.Tensor, delta_scale: Optional[torch.Tensor],
+                             weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return x.new_empty(x.shape), x.new_empty(x.shape, dtype=torch.uint8), x.new_empty(x.shape[0], 1)
+
+
+def _fake_quantise_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return x.new_empty(x.shape, dtype=torch.uint8), x.new_empty(x.shape[0], 1, dtype=torch.float32)
 
 
 def _fake_varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,

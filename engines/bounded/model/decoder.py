@@ -18,7 +18,7 @@ from engines.bounded.kernels import int8
 from engines.bounded.kernels.native import NativeAttention
 from engines.bounded.model.config import ModelConfig
 from engines.bounded.model.families import read_model_config
-from engines.bounded.model.layers import Attend, FusedAttend, GatedMLP, Linear, RMSNorm, Rope
+from engines.bounded.model.layers import Attend, FusedAttend, GatedMLP, Linear, Normed, Quantised, RMSNorm, Rope
 from engines.bounded.model.precision import PrecisionPolicy
 from engines.bounded.model.weights import ModelDirError, WeightReader
 
@@ -51,24 +51,24 @@ class DecoderLayer(nn.Module):
         # x: [T, hidden] residual stream -> qkv [T, (Hq + 2 Hkv) D] as the GEMM gives it
         return self.qkv(self.input_norm(x))
 
-    def attend_fused(self, x: Tensor, fused: FusedAttend, rope: Rope, positions: Tensor) -> Tensor:
-        # x: [T, hidden] -> the attention's output [T, Hq*D], q/k normed and rotated by `fused`
+    def attend_normed(self, h: Normed, fused: FusedAttend, rope: Rope, positions: Tensor) -> Tensor:
+        # h: the input norm's output [T, hidden] (`Quantised` where qkv `takes_quantised`) ->
+        # the attention's output [T, Hq*D], q/k normed and rotated by `fused`
         c = self.cfg
         qn = None if self.q_norm is None else self.q_norm.weight
         kn = None if self.k_norm is None else self.k_norm.weight
-        qkv, h = self.qkv, self.input_norm(x)
-        if self._int8_into_attention(h):
+        if isinstance(h, Quantised):
             # the int8 product goes to the kernel with its rows' scales, which it applies as it
             # reads each row (csrc/varlen_attention.cpp): no pass of its own over [T, (Hq + 2 Hkv) D]
-            xq, x_scale = int8.quantise_rows(h)
-            product = int8.int8_product(xq, qkv.weight, qkv.weight_scale, qkv.weight_zero, h.dtype)
+            product = self.qkv.partial(h).product
             return fused(product, c.heads, c.kv_heads, qn, kn, c.rms_eps, rope.cos, rope.sin, positions,
-                         row_scale=x_scale)
-        return fused(qkv(h), c.heads, c.kv_heads, qn, kn, c.rms_eps, rope.cos, rope.sin, positions)
+                         row_scale=h.scale)
+        return fused(self.qkv(h), c.heads, c.kv_heads, qn, kn, c.rms_eps, rope.cos, rope.sin, positions)
 
-    def _int8_into_attention(self, h: Tensor) -> bool:
-        return (self.qkv.kind == "int8" and self.qkv.bias is None and h.device.type == "cpu"
-                and NativeAttention.scales_rows(h.dtype))
+    def quantises_input(self, dtype: torch.dtype) -> bool:
+        """Whether `attend_normed` takes the input norm `Quantised` (int8 qkv without bias into
+        the fused attention, which scales the rows)."""
+        return self.qkv.takes_quantised(dtype) and NativeAttention.scales_rows(dtype)
 
     def project_qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         # x: [T, hidden] residual stream -> q [T, Hq, D], k/v [T, Hkv, D]
@@ -122,8 +122,7 @@ class DecoderModel(nn.Module):
         x = self.embed(tokens)
         kv: list[KV] = []
         if fused is not None:  # the attention reads the rotary tables itself
-            for layer in self.layers:
-                x = layer.finish(x, layer.attend_fused(x, fused, self.rope, positions))
+            x = self._fused_layers(x, fused, positions)
         else:
             cos, sin = self.rope(positions)
             for i, layer in enumerate(self.layers):
@@ -134,6 +133,25 @@ class DecoderModel(nn.Module):
         if rows is not None:
             x = x[rows]
         return self.norm(x), kv
+
+    def _fused_layers(self, x: Tensor, fused: FusedAttend, positions: Tensor) -> Tensor:
+        # x: [T, hidden] residual stream -> after the last layer's residual add. Each residual
+        # add goes with the norm after it, in one pass (RMSNorm.add_norm), the norm quantised
+        # where the GEMM after it is int8, and an int8 GEMM's row scales applied in that pass
+        layers, dtype = self.layers, self.policy.torch_dtype
+        first = layers[0]
+        h: Normed = first.input_norm(x)
+        if first.quantises_input(dtype):
+            h = Quantised(*int8.quantise_rows(h))
+        for i, layer in enumerate(layers):
+            attn = layer.attend_normed(h, fused, self.rope, positions)
+            x, h = layer.post_norm.add_norm(x, layer.o.partial(attn), quantise=layer.mlp.takes_quantised(dtype))
+            delta = layer.mlp.partial(h)
+            if i + 1 == len(layers):
+                return x + delta.value()
+            after = layers[i + 1]
+            x, h = after.input_norm.add_norm(x, delta, quantise=after.quantises_input(dtype))
+        return x
 
     def label_logits(self, hidden: Tensor, token_ids: Tensor) -> Tensor:
         """Logits of only the given vocabulary rows: hidden [S, hidden], ids [N] -> [S, N] float32."""

@@ -6,12 +6,12 @@ so int8 or FP8 for a layer group is a choice made here at load, not in the model
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional, Union
 
 import torch
 from torch import Tensor, nn
 
-from engines.bounded.kernels import dense, int8, native
+from engines.bounded.kernels import dense, int8, native, norms
 from engines.bounded.model.precision import GEMM_KINDS, PrecisionPolicy
 
 # attend(layer, q [T, Hq, D], k/v [T, Hkv, D]) -> [T, Hq*D]: the attention of one layer, given
@@ -22,6 +22,25 @@ Attend = Callable[[int, Tensor, Tensor, Tensor], Tensor]
 # norms and rotates q/k itself (kernels/native.NativeAttention.fused); with row_scale [T, 1]
 # (bf16), qkv is an int8 product whose rows it scales as it reads them
 FusedAttend = Callable[..., Tensor]
+
+
+class Quantised(NamedTuple):
+    """A GEMM's input quantised per row (int8.quantise_rows' pair): u8 [T, K], float32 [T, 1]."""
+    q: Tensor
+    scale: Tensor
+
+
+class Partial(NamedTuple):
+    """A GEMM's output with its rows' scales not yet applied: bf16(product * scale) where
+    `scale` is given (an int8 GEMM's, as int8.int8_linear_quantised rounds it), else product."""
+    product: Tensor
+    scale: Optional[Tensor] = None
+
+    def value(self) -> Tensor:
+        return self.product if self.scale is None else int8.cast(self.product * self.scale, self.product.dtype)
+
+
+Normed = Union[Tensor, Quantised]  # a norm's output, as the GEMM after it takes it
 
 
 class Linear(nn.Module):
@@ -47,6 +66,23 @@ class Linear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return self._gemm.linear(x, self.bias, **{n: getattr(self, n) for n in self._names})
 
+    def partial(self, x: Normed) -> Partial:
+        """The output with an int8 GEMM's row scales left to the residual add that takes it
+        (norms.add_rms_norm): x [T, K] float, or already `Quantised` for an int8 GEMM."""
+        if self.kind == "int8" and self.bias is None and self.weight.device.type == "cpu":
+            q, scale = x if isinstance(x, Quantised) else int8.quantise_rows(x)
+            dtype = torch.bfloat16 if isinstance(x, Quantised) else x.dtype  # only bf16 plans quantise in norms
+            return Partial(int8.int8_product(q, self.weight, self.weight_scale, self.weight_zero, dtype), scale)
+        if isinstance(x, Quantised):
+            raise ValueError(f"a {self.kind} GEMM with bias {self.bias is not None} takes no quantised input")
+        return Partial(self(x))
+
+    def takes_quantised(self, dtype: torch.dtype) -> bool:
+        """Whether `partial` and the fused attention take this GEMM's input `Quantised` (a bf16
+        int8 GEMM without bias on a CPU with the native kernels, which the norm quantises)."""
+        return (self.kind == "int8" and self.bias is None and dtype == torch.bfloat16
+                and self.weight.device.type == "cpu" and native.available())
+
 
 class GatedMLP(nn.Module):
     """down(silu(gate) * up), gate and up fused into one GEMM: [T, hidden] -> [T, hidden]."""
@@ -56,20 +92,28 @@ class GatedMLP(nn.Module):
         self.gate_up, self.down = gate_up, down
 
     def forward(self, x: Tensor) -> Tensor:
-        if self._int8_middle(x):
-            # int8 on both sides in bf16: gate_up's product scaled, SwiGLU and down's activation
-            # quantisation in one native pass (csrc/swiglu.cpp), not three graph kernels
-            up, down = self.gate_up, self.down
-            xq, x_scale = int8.quantise_rows(x)
-            product = int8.int8_product(xq, up.weight, up.weight_scale, up.weight_zero, x.dtype)
-            hq, h_scale = torch.ops.bounded_native.swiglu_quant_bf16(product, x_scale)
-            return int8.int8_linear_quantised(hq, h_scale, down.weight, down.weight_scale, down.weight_zero,
-                                              down.bias, x.dtype)
+        if self._int8_middle(x.dtype):
+            return self.partial(x).value()
         return self.down(dense.swiglu(self.gate_up(x)))
 
-    def _int8_middle(self, x: Tensor) -> bool:
-        return (self.gate_up.kind == "int8" and self.down.kind == "int8" and self.gate_up.bias is None
-                and x.dtype == torch.bfloat16 and x.device.type == "cpu" and native.available())
+    def partial(self, x: Normed) -> Partial:
+        """As forward, down's row scales left to the residual add (`Linear.partial`)."""
+        if self._int8_middle(torch.bfloat16 if isinstance(x, Quantised) else x.dtype):
+            # int8 on both sides in bf16: gate_up's product scaled, SwiGLU and down's activation
+            # quantisation in one native pass (csrc/swiglu.cpp), not three graph kernels
+            up = self.gate_up
+            xq, x_scale = x if isinstance(x, Quantised) else int8.quantise_rows(x)
+            product = int8.int8_product(xq, up.weight, up.weight_scale, up.weight_zero, torch.bfloat16)
+            return self.down.partial(Quantised(*torch.ops.bounded_native.swiglu_quant_bf16(product, x_scale)))
+        if isinstance(x, Quantised):
+            raise ValueError("this MLP takes no quantised input")
+        return Partial(self(x))
+
+    def takes_quantised(self, dtype: torch.dtype) -> bool:
+        return self._int8_middle(dtype)
+
+    def _int8_middle(self, dtype: torch.dtype) -> bool:
+        return (self.gate_up.takes_quantised(dtype) and self.down.kind == "int8" and self.down.bias is None)
 
 
 class RMSNorm(nn.Module):
@@ -80,6 +124,14 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return dense.rms_norm(x, self.weight, self.eps)
+
+    def add_norm(self, x: Tensor, delta: Partial, quantise: bool = False) -> tuple[Tensor, Normed]:
+        """The residual add before this norm with the norm, in one pass (kernels/norms): x [T, H]
+        residual stream -> (x + delta, the norm of it: bf16, or `Quantised` for an int8 GEMM)."""
+        if quantise:
+            x, q, scale = norms.add_rms_norm_quantised(x, delta.product, self.weight, self.eps, delta.scale)
+            return x, Quantised(q, scale)
+        return norms.add_rms_norm(x, delta.product, self.weight, self.eps, delta.scale)
 
 
 class Rope(nn.Module):

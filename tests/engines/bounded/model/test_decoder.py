@@ -88,8 +88,45 @@ def test_int8_qkv_product_goes_to_the_fused_attention_with_its_row_scales(monkey
     monkeypatch.setattr(NativeAttention, "fused", fused)
     folded = _scores(model_dir, "bfloat16", seqs, labels, "native", policy)
     assert len(scales) == 2 and all(s is not None and s.dtype == torch.float32 for s in scales)
-    monkeypatch.setattr(DecoderLayer, "_int8_into_attention", lambda self, h: False)
+    monkeypatch.setattr(DecoderLayer, "quantises_input", lambda self, dtype: False)
     scales.clear()
     in_graph = _scores(model_dir, "bfloat16", seqs, labels, "native", policy)
     assert len(scales) == 2 and all(s is None for s in scales)
     assert torch.equal(folded, in_graph)
+
+
+@pytest.mark.parametrize("int8_groups", [[], ["qkv", "o", "gate_up", "down"]])
+def test_fused_layers_add_and_norm_in_one_native_pass(monkeypatch, int8_groups):
+    """The fused layer loop (bf16, native attention; tiny-hd32): every residual add but the
+    last goes with the norm after it into csrc/norms.cpp -- quantised there for int8 GEMMs,
+    the o GEMM's input quantised natively too -- and the scores are those of the graph's form
+    of the same passes to within a rounding."""
+    from engines.bounded.kernels import native, norms
+    from harness.workload.presets import materialise
+
+    if not native.load(log=lambda _: None):
+        pytest.skip(f"native CPU kernels unavailable here: {native.status()}")
+    model_dir = materialise("tiny-hd32", log=lambda s: None)
+    policy = PrecisionPolicy("bfloat16", gemm={g: "int8" for g in int8_groups})
+    rng = random.Random(3)
+    seqs = random_seqs(rng, 8, 1, 120)
+    labels = [rng.randrange(151936) for _ in range(3)]
+    namespace, calls = torch.ops.bounded_native, []
+
+    class Counting:
+        def __getattr__(self, name):
+            calls.append(name)
+            return getattr(namespace, name)
+
+    monkeypatch.setattr(torch.ops, "bounded_native", Counting(), raising=False)
+    folded = _scores(model_dir, "bfloat16", seqs, labels, "native", policy)
+    layers = 2
+    if int8_groups:
+        assert calls.count("add_rms_norm_quant_bf16") == 2 * layers - 1 and "add_rms_norm_bf16" not in calls
+        assert calls.count("quantise_rows_bf16") == 1 + layers  # the first input norm's, each o input
+    else:
+        assert calls.count("add_rms_norm_bf16") == 2 * layers - 1 and "quantise_rows_bf16" not in calls
+    monkeypatch.setattr(norms, "_native", lambda *a: False)
+    graph = _scores(model_dir, "bfloat16", seqs, labels, "native", policy)
+    # (bit for bit here; a sum of squares in another order may flip a rounding)
+    assert (folded.log() - graph.log()).abs().max().item() < 2e-2

@@ -111,4 +111,4 @@ def test_int8_mlp_runs_its_middle_in_one_native_pass_with_the_same_result():
     three_passes = down((torch.nn.functional.silu(h[:, :96]) * h[:, 96:]).bfloat16())
     assert got.dtype == torch.bfloat16 and got.shape == (20, 64)
     assert (got.float() - three_passes.float()).norm() / three_passes.float().norm() < 0.02
-    assert not mlp._int8_middle(x.float())  # float32 keeps the graph's passes
+    assert not mlp.takes_quantised(torch.float32)  # float32 keeps the graph's passes
