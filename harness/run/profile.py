@@ -5,7 +5,8 @@ kernel_profile, so each compiled kernel shows in torch.profiler: its packages ar
 apart from the served ones), answers the scenario's warm-up requests, then N requests one
 at a time under torch.profiler (CPU; CUDA activity too on a GPU). The events become classes
 (measure/profile.py); each class gets its floor: the GEMMs' FLOPs at the rate oneDNN (or
-cuBLAS) reaches on the same shapes alone, attention's FLOPs at the device's measured peak,
+cuBLAS) reaches on the same shapes alone (an int8 group's: its int8 kernel's), attention's FLOPs at
+the device's measured peak,
 norms/elementwise and head + selection bytes at the measured copy bandwidth.
 Writes profile.json, profile.csv and profile.html into the output folder.
 """
@@ -84,12 +85,14 @@ def profile_scenario(scenario: Scenario, engine_name: str, requests: int, device
         with torch.profiler.profile(activities=activities, experimental_config=threads) as prof:
             walls, stages = asyncio.run(_answer(engine, [it.request for it in items[warm:]]))
         dtype = engine.describe().precision.dtype
+        policy = getattr(engine, "policy", None)  # the bounded engine's: the GEMM kind of each layer group
+        kinds = {g: policy.gemm_kind(g) for g in ("qkv", "o", "gate_up", "down")} if policy is not None else {}
     finally:
         engine.stop()
     peak = device_peaks(device)
     events = prof.events()
     fused_head = any(FUSED_HEAD in e.name for e in events)
-    work = _work(shape, items[warm:], dtype, peak.rates.get(dtype, peak.mfu_tflops), fused_head)
+    work = _work(shape, items[warm:], dtype, peak.rates.get(dtype, peak.mfu_tflops), fused_head, kinds)
     return _profile(scenario.name, spec.title, device, events, walls, stages, work)
 
 
@@ -140,11 +143,13 @@ def _row(cls: str, ms: float, total: float, work: tuple[str, float, float] | Non
 FUSED_HEAD = "head_gemm_summary"  # the native fused beam head ran: no logits written
 
 
-def _work(shape: ModelShape, items, dtype: str, peak_tflops: float,
-          fused_head: bool = False) -> dict[str, tuple[str, float, float]]:
+def _work(shape: ModelShape, items, dtype: str, peak_tflops: float, fused_head: bool = False,
+          kinds: dict[str, str] | None = None) -> dict[str, tuple[str, float, float]]:
     """Per request: {class: (the work in words, its amount, its floor in ms)}. `fused_head`:
     the beam head's softmax statistics ran inside its GEMM, and the choice recomputes only
-    the candidate blocks' logits (k x 128 per row group): no logits are read back."""
+    the candidate blocks' logits (k x 128 per row group): no logits are read back. `kinds`:
+    the GEMM kind of each layer group (qkv, o, gate_up, down; dense where absent): an int8
+    group's floor is at the int8 kernel's rate on its shape."""
     import torch
 
     beam = isinstance(items[0].request, BeamRequest)
@@ -152,7 +157,9 @@ def _work(shape: ModelShape, items, dtype: str, peak_tflops: float,
     n = len(items)
     elt = torch.empty((), dtype=getattr(torch, dtype)).element_size()
     gemm = sum(2 * m * k * o * times for (m, k, o), times in calls.items()) / n
-    floor = sum(flops / _isolated_rate(m, k, o, dtype) for (m, k, o), flops in _by_shape(calls).items()) / n * 1000.0
+    kind = _kind_by_weight(shape, kinds or {})
+    floor = sum(flops / _isolated_rate(m, k, o, dtype, kind.get((k, o), "dense"))
+                for (m, k, o), flops in _by_shape(calls).items()) / n * 1000.0
     attn = sum(_attention_flops(shape, it, beam) for it in items) / n
     rows = sum(_rows(it, beam) for it in items) / n  # token rows through the layers
     h, q, kv, i = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.intermediate
@@ -192,6 +199,15 @@ def _gemm_calls(shape: ModelShape, items, beam: bool) -> dict[tuple[int, int, in
     return calls
 
 
+def _kind_by_weight(shape: ModelShape, kinds: dict[str, str]) -> dict[tuple[int, int], str]:
+    """{(in, out): GEMM kind} of a layer's four weights (two groups of one shape: the first's)."""
+    h, q, kv, i = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.intermediate
+    out: dict[tuple[int, int], str] = {}
+    for group, ko in (("qkv", (h, q + 2 * kv)), ("o", (q, h)), ("gate_up", (h, 2 * i)), ("down", (i, h))):
+        out.setdefault(ko, kinds.get(group, "dense"))
+    return out
+
+
 def _rows(item, beam: bool) -> int:
     r = item.request
     return item.prompt_tokens[0] + r.beam_width * (r.decode_steps - 1) if beam else sum(item.prompt_tokens)
@@ -222,23 +238,31 @@ def _by_shape(calls: dict[tuple[int, int, int], int]) -> dict[tuple[int, int, in
     return {(max(1, round(rows[ko] / flops[ko])), *ko): f for ko, f in flops.items()}
 
 
-_ISOLATED: dict[tuple[int, int, int, str], float] = {}
+_ISOLATED: dict[tuple[int, int, int, str, str], float] = {}
 
 
-def _isolated_rate(m: int, k: int, o: int, dtype: str) -> float:
+def _isolated_rate(m: int, k: int, o: int, dtype: str, kind: str = "dense") -> float:
     """FLOP/s of one [m, k] x [k, o] GEMM alone, as the engines run it: oneDNN with the
     weight prepacked in bf16/fp16 (what Inductor's freezing lowers to), F.linear in float32;
-    the best of ~0.2 s of calls, measured once per shape."""
+    an int8 group's (kernels/int8.py) oneDNN's u8 x s8 kernel on a prepacked weight, writing
+    `dtype`; the best of ~0.2 s of calls, measured once per shape."""
     import torch
     import torch.nn.functional as F
 
-    key = (m, k, o, dtype)
+    from engines.bounded.kernels import int8
+
+    key = (m, k, o, dtype, kind)
     if key in _ISOLATED:
         return _ISOLATED[key]
     dt = getattr(torch, dtype)
     x, w = torch.randn(m, k, dtype=dt), torch.randn(o, k, dtype=dt)
+    packed_int8 = int8.prepack(int8.int8_quantise(w)[0]) if kind == "int8" else None
     with torch.inference_mode():
-        if dt != torch.float32 and torch.backends.mkldnn.is_available() and onednn_packs_bf16():
+        if packed_int8 is not None:
+            xq, scale = torch.randint(0, 255, (m, k), dtype=torch.uint8), torch.ones(o)
+            call = lambda: torch.ops.onednn.qlinear_pointwise(  # noqa: E731
+                xq, 1.0, int8.ZERO, packed_int8, scale, None, None, 1.0, 0, dt, "none", [], "")
+        elif dt != torch.float32 and torch.backends.mkldnn.is_available() and onednn_packs_bf16():
             packed = torch.ops.mkldnn._reorder_linear_weight(w, m)
             call = lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")  # noqa: E731
         else:

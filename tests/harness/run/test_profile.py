@@ -93,6 +93,39 @@ def test_gemm_work_is_every_layer_gemm_and_the_head(tmp_path):
         == 8 * 2 * 2 * (8 * 16 + 8 * 8 + 8 * 32 + 16 * 8)
 
 
+def test_an_int8_groups_floor_is_at_the_int8_kernels_rate(monkeypatch):
+    from engines.base import PrefillRequest
+    from harness.run import profile
+
+    shape = ModelShape(layers=2, hidden=8, heads=2, kv_heads=1, head_dim=4, intermediate=16, vocab=100)
+
+    class Item:
+        def __init__(self, request, prompt_tokens):
+            self.request, self.prompt_tokens = request, prompt_tokens
+
+    rates = {"dense": 1e12, "int8": 4e12}
+    seen = []
+    monkeypatch.setattr(profile, "_isolated_rate", lambda m, k, o, dtype, kind="dense": seen.append((k, o, kind))
+                        or rates[kind])
+    monkeypatch.setattr(profile, "_bandwidth", lambda: 1e10)
+    items = [Item(PrefillRequest("a", [[1] * 3, [1] * 5], [1, 2]), (3, 5))]
+    work = profile._work(shape, items, "bfloat16", 1.0, kinds={"gate_up": "int8", "down": "int8"})
+    # 8 rows, 2 layers: qkv 8->16 and o 8->8 dense, gate_up 8->32 and down 16->8 int8
+    dense, low = 2 * 8 * 2 * (8 * 16 + 8 * 8), 2 * 8 * 2 * (8 * 32 + 16 * 8)
+    assert work["gemm"][2] == pytest.approx((dense / 1e12 + low / 4e12) * 1000.0)
+    assert sorted(seen) == [(8, 8, "dense"), (8, 16, "dense"), (8, 32, "int8"), (16, 8, "int8")]
+
+
+def test_the_int8_isolated_rate_runs_on_an_int8_weight(monkeypatch):
+    from engines.bounded.kernels import int8
+    from harness.run import profile
+
+    packed, real = [], int8.prepack
+    monkeypatch.setattr(int8, "prepack", lambda w: packed.append((tuple(w.shape), w.dtype)) or real(w))
+    assert profile._isolated_rate(64, 256, 512, "bfloat16", "int8") > 0
+    assert packed == [((512, 256), __import__("torch").int8)]  # (oneDNN's u8 x s8 kernel where it packs)
+
+
 def test_a_profile_of_the_tiny_model_adds_up_to_its_requests(tmp_path, tiny_dir):
     from harness.run import profile
     from harness.scenario.files import load_scenario
