@@ -5,9 +5,9 @@ kernel_profile, so each compiled kernel shows in torch.profiler: its packages ar
 apart from the served ones), answers the scenario's warm-up requests, then N requests one
 at a time under torch.profiler (CPU; CUDA activity too on a GPU). The events become classes
 (measure/profile.py); each class gets its floor: the GEMMs' FLOPs at the rate oneDNN (or
-cuBLAS) reaches on the same shapes alone (an int8 group's: its int8 kernel's), attention's FLOPs at
-the device's measured peak,
-norms/elementwise and head + selection bytes at the measured copy bandwidth.
+cuBLAS) reaches on the same shapes alone (an int8 group's: its int8 kernel's), attention's
+FLOPs at the device's measured peak, norms/elementwise and head + selection bytes at the
+measured copy bandwidth.
 Writes profile.json, profile.csv and profile.html into the output folder.
 """
 from __future__ import annotations
