@@ -36,6 +36,7 @@
 
 #include "amx_tiles.h"
 #include "beam_choice.h"
+#include "lean_exp.h"
 
 #include <algorithm>
 #include <cmath>
@@ -141,21 +142,10 @@ HEAD_TARGET void chunk_logits(const BFloat16* hidden, int64_t rows, int64_t kdim
 // rows and ATen's exp_u20 cost about as much as the products. Zen 4, [100, 64] x
 // [64, 151,936] on two threads: 9.1 -> ~6 ms.
 
-constexpr float LOG2E = 1.4426950408889634f;
+using bounded::LOG2E;
 
-// 2^t for t up to ~92 (smaller t underflow to 0): 2^floor(t) x 2^f, f = t - floor(t) in
-// [0, 1) (vreduceps), 2^f by a degree-5 polynomial (Chebyshev fit, relative error <= 1.8e-7
-// in float32; ATen's exp_u20: ~1.2e-6), 2^floor(t) by scalef. A third of exp_u20's
-// instructions: no clamping, since the caller keeps t bounded and scalef takes any exponent.
-HEAD_TARGET inline __m512 exp2_small(__m512 t) {
-  const __m512 f = _mm512_reduce_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m512 p = _mm512_fmadd_ps(f, _mm512_set1_ps(0.0018951073288917542f), _mm512_set1_ps(0.00894621480256319f));
-  p = _mm512_fmadd_ps(f, p, _mm512_set1_ps(0.055863283574581146f));
-  p = _mm512_fmadd_ps(f, p, _mm512_set1_ps(0.24014076590538025f));
-  p = _mm512_fmadd_ps(f, p, _mm512_set1_ps(0.6931546330451965f));
-  p = _mm512_fmadd_ps(f, p, _mm512_set1_ps(0.9999998807907104f));
-  return _mm512_scalef_ps(p, t);
-}
+// 2^t for the summary's bounded t (lean_exp.h: a third of exp_u20's instructions)
+HEAD_TARGET inline __m512 exp2_small(__m512 t) { return bounded::exp2_lean(t); }
 
 // One thread's running summary of the rows it has seen columns of: ref[r] near the row's
 // maximum so far (-inf: none yet), lanes[r] 16 lanes of sum exp(x - ref[r]), halves[r] 16
