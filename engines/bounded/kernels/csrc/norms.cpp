@@ -15,6 +15,8 @@
 
 #include <immintrin.h>
 
+#include "quantise_row.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -24,6 +26,8 @@
 namespace {
 
 using at::BFloat16;
+using bounded::quantise_row;
+using bounded::row_scale;
 
 #define NORMS_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 
@@ -56,7 +60,7 @@ NORMS_TARGET float add_row(const float* x, const BFloat16* delta, const float* s
   return _mm512_reduce_add_ps(ss);
 }
 
-// h = w * bf16(x * inv), rounded to bf16, as float32 -> max |h| (h kept in `h`, when given)
+// h = w * bf16(x * inv), rounded to bf16: into `hb` as bf16, or into `h` as float32 -> then max |h| (0 with hb)
 NORMS_TARGET float norm_row(const float* x, const BFloat16* w, float inv, float* h, BFloat16* hb, int64_t n) {
   const __m512 r = _mm512_set1_ps(inv);
   __m512 amax = _mm512_setzero_ps();
@@ -75,21 +79,6 @@ NORMS_TARGET float norm_row(const float* x, const BFloat16* w, float inv, float*
   return _mm512_reduce_max_ps(amax);
 }
 
-// q = round(y / scale) to nearest even in [-127, 127], stored + 128; as swiglu.cpp's (the
-// product by 1/scale may land an ulp from the quotient: a value at a half step rounds to either)
-NORMS_TARGET void quantise_row(const float* y, float scale, uint8_t* out, int64_t n) {
-  const __m512 inv = _mm512_set1_ps(1.0f / scale), lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
-  const __m512i zero = _mm512_set1_epi32(128);
-  for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 m = tail(n, j);
-    const __m512 q = _mm512_min_ps(_mm512_max_ps(_mm512_roundscale_ps(_mm512_mul_ps(_mm512_loadu_ps(y + j), inv),
-                                                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
-                                                 lo), hi);
-    _mm_mask_storeu_epi8(out + j, m, _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(q), zero)));
-  }
-}
-
-NORMS_TARGET inline float row_scale(float amax) { return std::max(amax, 1e-12f) / 127.0f; }  // as int8.quantise_rows
 
 void check_add_norm(const char* op, const at::Tensor& x, const at::Tensor& delta,
                     const std::optional<at::Tensor>& delta_scale, const at::Tensor& weight) {

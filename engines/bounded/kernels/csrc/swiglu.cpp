@@ -12,6 +12,7 @@
 #include <immintrin.h>
 
 #include "lean_exp.h"
+#include "quantise_row.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -99,19 +100,6 @@ SWIGLU_TARGET float swiglu_row_scaled(const BFloat16* gate, const BFloat16* up, 
   return _mm512_reduce_max_ps(amax);
 }
 
-SWIGLU_TARGET void quantise_row(const float* y, float scale, uint8_t* out, int64_t n) {
-  const __m512 inv = _mm512_set1_ps(1.0f / scale), lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
-  const __m512i zero = _mm512_set1_epi32(128);
-  for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 m = n - j >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - j)) - 1);
-    // q = round(y / scale) to nearest even, as torch.round; the product by 1/scale may land an
-    // ulp from the quotient: a value at a half step rounds to either neighbour
-    const __m512 q = _mm512_min_ps(_mm512_max_ps(_mm512_roundscale_ps(_mm512_mul_ps(_mm512_loadu_ps(y + j), inv),
-                                                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
-                                                 lo), hi);
-    _mm_mask_storeu_epi8(out + j, m, _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(q), zero)));
-  }
-}
 
 // product [T, 2I] bf16 (unit column stride), scale [T, 1] float32 -> (u8 [T, I], float32 [T, 1])
 std::tuple<at::Tensor, at::Tensor> swiglu_quant_bf16(const at::Tensor& product, const at::Tensor& scale) {
@@ -135,9 +123,9 @@ std::tuple<at::Tensor, at::Tensor> swiglu_quant_bf16(const at::Tensor& product, 
     alignas(64) float y[MAX_INNER];
     for (int64_t r = r0; r < r1; ++r) {
       const float amax = swiglu_row_scaled(src + r * ld, src + r * ld + n, in_scale[r], y, n);
-      const float s = std::max(amax, 1e-12f) / 127.0f;  // as int8.quantise_rows
+      const float s = bounded::row_scale(amax);
       out_scale[r] = s;
-      quantise_row(y, s, dst + r * n, n);
+      bounded::quantise_row(y, s, dst + r * n, n);
     }
   });
   return {q, qs};
