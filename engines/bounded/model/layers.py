@@ -92,28 +92,24 @@ class GatedMLP(nn.Module):
         self.gate_up, self.down = gate_up, down
 
     def forward(self, x: Tensor) -> Tensor:
-        if self._int8_middle(x.dtype):
+        if self.takes_quantised(x.dtype):
             return self.partial(x).value()
         return self.down(dense.swiglu(self.gate_up(x)))
 
     def partial(self, x: Normed) -> Partial:
         """As forward, down's row scales left to the residual add (`Linear.partial`)."""
-        if self._int8_middle(torch.bfloat16 if isinstance(x, Quantised) else x.dtype):
+        if self.takes_quantised(torch.bfloat16 if isinstance(x, Quantised) else x.dtype):
             # int8 on both sides in bf16: gate_up's product scaled, SwiGLU and down's activation
             # quantisation in one native pass (csrc/swiglu.cpp), not three graph kernels
-            up = self.gate_up
-            xq, x_scale = x if isinstance(x, Quantised) else int8.quantise_rows(x)
-            product = int8.int8_product(xq, up.weight, up.weight_scale, up.weight_zero, torch.bfloat16)
-            return self.down.partial(Quantised(*torch.ops.bounded_native.swiglu_quant_bf16(product, x_scale)))
+            up = self.gate_up.partial(x)
+            return self.down.partial(Quantised(*torch.ops.bounded_native.swiglu_quant_bf16(up.product, up.scale)))
         if isinstance(x, Quantised):
             raise ValueError("this MLP takes no quantised input")
         return Partial(self(x))
 
     def takes_quantised(self, dtype: torch.dtype) -> bool:
-        return self._int8_middle(dtype)
-
-    def _int8_middle(self, dtype: torch.dtype) -> bool:
-        return (self.gate_up.takes_quantised(dtype) and self.down.kind == "int8" and self.down.bias is None)
+        """Whether the MLP's middle is int8 on both sides (the norm before it quantises for it)."""
+        return self.gate_up.takes_quantised(dtype) and self.down.kind == "int8" and self.down.bias is None
 
 
 class RMSNorm(nn.Module):

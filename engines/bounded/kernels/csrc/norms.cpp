@@ -98,27 +98,38 @@ void check_add_norm(const char* op, const at::Tensor& x, const at::Tensor& delta
 
 int64_t grain_for(int64_t n) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)); }
 
-// x [T, H] float32, delta [T, H] bf16, delta_scale [T, 1] float32 or None, weight [H] bf16
+// Both entries' rows: x + delta into out, and its norm into hb (bf16) or, with hb null, quantised
+// into q and qs (the row scales). x [T, H] float32, delta [T, H] bf16, delta_scale [T, 1]
+// float32 or None, weight [H] bf16 (checked by check_add_norm).
+void add_norm_rows(const at::Tensor& x, const at::Tensor& delta, const std::optional<at::Tensor>& delta_scale,
+                   const at::Tensor& weight, double eps, float* out, BFloat16* hb, uint8_t* q, float* qs) {
+  const int64_t t = x.size(0), n = x.size(1), ld = delta.stride(0);
+  const float* xs = x.data_ptr<float>();
+  const BFloat16* ds = delta.data_ptr<BFloat16>();
+  const float* sc = delta_scale ? delta_scale->data_ptr<float>() : nullptr;
+  const BFloat16* w = weight.data_ptr<BFloat16>();
+  at::parallel_for(0, t, grain_for(n), [&](int64_t r0, int64_t r1) {
+    alignas(64) float h[MAX_HIDDEN];
+    for (int64_t r = r0; r < r1; ++r) {
+      const float ss = add_row(xs + r * n, ds + r * ld, sc ? sc + r : nullptr, out + r * n, n);
+      const float inv = 1.0f / std::sqrt(ss / static_cast<float>(n) + static_cast<float>(eps));
+      if (hb != nullptr) {
+        norm_row(out + r * n, w, inv, nullptr, hb + r * n, n);
+      } else {
+        qs[r] = row_scale(norm_row(out + r * n, w, inv, h, nullptr, n));
+        quantise_row(h, qs[r], q + r * n, n);
+      }
+    }
+  });
+}
+
 // -> (x + delta [T, H] float32, rms_norm(x + delta) * weight [T, H] bf16)
 std::tuple<at::Tensor, at::Tensor> add_rms_norm_bf16(const at::Tensor& x, const at::Tensor& delta,
                                                      const std::optional<at::Tensor>& delta_scale,
                                                      const at::Tensor& weight, double eps) {
   check_add_norm("add_rms_norm_bf16", x, delta, delta_scale, weight);
-  const int64_t t = x.size(0), n = x.size(1), ld = delta.stride(0);
-  at::Tensor out = at::empty_like(x), h = at::empty({t, n}, x.options().dtype(at::kBFloat16));
-  const float* xs = x.data_ptr<float>();
-  const BFloat16* ds = delta.data_ptr<BFloat16>();
-  const float* sc = delta_scale ? delta_scale->data_ptr<float>() : nullptr;
-  const BFloat16* w = weight.data_ptr<BFloat16>();
-  float* os = out.data_ptr<float>();
-  BFloat16* hs = h.data_ptr<BFloat16>();
-  at::parallel_for(0, t, grain_for(n), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float ss = add_row(xs + r * n, ds + r * ld, sc ? sc + r : nullptr, os + r * n, n);
-      const float inv = 1.0f / std::sqrt(ss / static_cast<float>(n) + static_cast<float>(eps));
-      norm_row(os + r * n, w, inv, nullptr, hs + r * n, n);
-    }
-  });
+  at::Tensor out = at::empty_like(x), h = at::empty(x.sizes(), x.options().dtype(at::kBFloat16));
+  add_norm_rows(x, delta, delta_scale, weight, eps, out.data_ptr<float>(), h.data_ptr<BFloat16>(), nullptr, nullptr);
   return {out, h};
 }
 
@@ -127,26 +138,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_quant_bf16(const at:
                                                                        const std::optional<at::Tensor>& delta_scale,
                                                                        const at::Tensor& weight, double eps) {
   check_add_norm("add_rms_norm_quant_bf16", x, delta, delta_scale, weight);
-  const int64_t t = x.size(0), n = x.size(1), ld = delta.stride(0);
-  at::Tensor out = at::empty_like(x), q = at::empty({t, n}, x.options().dtype(at::kByte));
-  at::Tensor qs = at::empty({t, 1}, x.options());
-  const float* xs = x.data_ptr<float>();
-  const BFloat16* ds = delta.data_ptr<BFloat16>();
-  const float* sc = delta_scale ? delta_scale->data_ptr<float>() : nullptr;
-  const BFloat16* w = weight.data_ptr<BFloat16>();
-  float* os = out.data_ptr<float>();
-  uint8_t* qd = q.data_ptr<uint8_t>();
-  float* qsd = qs.data_ptr<float>();
-  at::parallel_for(0, t, grain_for(n), [&](int64_t r0, int64_t r1) {
-    alignas(64) float h[MAX_HIDDEN];
-    for (int64_t r = r0; r < r1; ++r) {
-      const float ss = add_row(xs + r * n, ds + r * ld, sc ? sc + r : nullptr, os + r * n, n);
-      const float inv = 1.0f / std::sqrt(ss / static_cast<float>(n) + static_cast<float>(eps));
-      const float s = row_scale(norm_row(os + r * n, w, inv, h, nullptr, n));
-      qsd[r] = s;
-      quantise_row(h, s, qd + r * n, n);
-    }
-  });
+  at::Tensor out = at::empty_like(x), q = at::empty(x.sizes(), x.options().dtype(at::kByte));
+  at::Tensor qs = at::empty({x.size(0), 1}, x.options());
+  add_norm_rows(x, delta, delta_scale, weight, eps, out.data_ptr<float>(), nullptr, q.data_ptr<uint8_t>(),
+                qs.data_ptr<float>());
   return {out, q, qs};
 }
 
