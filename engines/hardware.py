@@ -12,6 +12,8 @@ import functools
 import platform
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
+from typing import Mapping
 
 # the CPU flags (as /proc/cpuinfo spells them) that decide which precisions run natively
 PRECISION_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "avx_vnni",
@@ -108,6 +110,37 @@ def onednn_packs_bf16() -> bool:
     such as AMD Zen 3), where bf16 GEMMs stay aten's matmul."""
     flags = all_cpu_flags()
     return {"avx512bw", "avx512vl", "avx512dq"} <= flags or "avx_ne_convert" in flags
+
+
+# The shape `cpu_gemm_gflops` times: a layer's MLP GEMM of a 0.5-1B model over a few hundred rows.
+RATE_SHAPE = (512, 1024, 2048)
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_gemm_gflops(dtypes: tuple[str, ...]) -> Mapping[str, float]:
+    """{dtype: GFLOP/s of torch's matmul in it on this CPU at RATE_SHAPE}, measured once per
+    process: the dtypes take turns (one call each, repeated: a busy spell on a shared machine
+    slows them alike), best of at least 8 rounds over >= 60 ms, after two warm-up rounds.
+
+    A CPU flag says that an instruction exists, not that it is fast: a Sapphire/Emerald Rapids
+    whose hypervisor hides AMX runs bf16 GEMMs on AVX512-BF16 at ~0.6x its float32 rate (one
+    dot-product port), a Zen 4 at ~2.4x."""
+    import time
+
+    import torch
+
+    m, k, n = RATE_SHAPE
+    pairs = {d: (torch.randn(m, k).to(getattr(torch, d)), torch.randn(k, n).to(getattr(torch, d))) for d in dtypes}
+    best = dict.fromkeys(dtypes, float("inf"))
+    rounds, end = 0, time.perf_counter() + 0.06
+    while rounds < 10 or time.perf_counter() < end:
+        for d, (a, b) in pairs.items():
+            t = time.perf_counter()
+            torch.matmul(a, b)
+            if rounds >= 2:
+                best[d] = min(best[d], time.perf_counter() - t)
+        rounds += 1
+    return MappingProxyType({d: 2 * m * k * n / s / 1e9 for d, s in best.items()})
 
 
 def probe(device: str = "cpu") -> Capabilities:

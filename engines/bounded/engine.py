@@ -33,7 +33,7 @@ from engines.bounded.tasks.batcher import Batcher, Pending
 from engines.bounded.tasks import gate
 from engines.bounded.tasks.beam import BeamTask
 from engines.bounded.tasks.prefill import PrefillTask
-from engines.hardware import probe
+from engines.hardware import cpu_gemm_gflops, probe
 
 # the task kinds this engine serves, by name (a new kind is a Task subclass and a line here)
 TASKS: dict[str, type[Task]] = {PrefillTask.kind: PrefillTask, BeamTask.kind: BeamTask}
@@ -45,7 +45,9 @@ def _log(msg: str) -> None:
 
 def policy_for(config: EngineConfig, options: BoundedOptions) -> PrecisionPolicy:
     """The precision policy for the scenario's dtype, the options and this device."""
-    dtype, why = choose_dtype(config.dtype, options.precision, probe(config.device))
+    caps = probe(config.device)
+    dtype, why = choose_dtype(config.dtype, options.precision, caps,
+                              cpu_gemm_gflops if caps.device_type == "cpu" else None)
     return PrecisionPolicy(dtype, options.residual, options.gemm_kinds(), requested=config.dtype, why=why)
 
 

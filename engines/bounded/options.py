@@ -32,7 +32,7 @@ class BoundedOptions:
     max_labels: int = 64  # distinct label ids per call
     max_batch_beams: int = 0  # beam rows per decode step (several requests' beams); 0: max(W, 512)
     residual: str = "float32"  # dtype of the residual stream between layers
-    precision: str = "auto"  # dtype to compute in: auto (the scenario's where native, else float32) or a dtype
+    precision: str = "auto"  # dtype to compute in: auto (the scenario's where native and fast, else float32) or a dtype
     int8: tuple[str, ...] = ()  # GEMM groups to run as W8A8 int8 (CPU): qkv, o, gate_up, down, head
     fp8: tuple[str, ...] = ()  # GEMM groups to run in FP8 (CUDA, compute capability >= 8.9)
     prefill_attention: str = "auto"  # packed prefill attention: auto (the device's best), per_sequence, padded

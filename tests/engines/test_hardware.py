@@ -11,6 +11,9 @@ ICE_LAKE = Capabilities("cpu", "Intel Xeon (Ice Lake)", frozenset({"avx2", "avx5
 SAPPHIRE = Capabilities("cpu", "Intel Xeon (Sapphire Rapids)",
                         frozenset({"avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_tile", "amx_bf16",
                                    "amx_int8"}))
+# an Emerald Rapids in a VM whose hypervisor does not expose AMX: bf16 on AVX512-BF16 only
+HIDDEN_AMX = Capabilities("cpu", "Intel Xeon (AMX hidden)",
+                          frozenset({"avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "avx_vnni"}))
 AVX2_ONLY = Capabilities("cpu", "old", frozenset({"avx2"}))
 
 

@@ -5,13 +5,14 @@ registration in GEMM_KINDS (how the weight is held, how the GEMM runs, where it 
 so adding one (int8 on CPUs, fp8 on GPUs) touches no model code.
 
 `choose_dtype` is the `auto` policy: the scenario's dtype where the device runs it
-natively, else float32 (a CPU without AVX512-BF16 emulates bf16 GEMMs at a fifth of its
-fp32 rate).
+natively and not much slower than float32, else float32 (a CPU without AVX512-BF16 emulates
+bf16 GEMMs at a fifth of its fp32 rate; one whose hypervisor hides AMX runs them on
+AVX512-BF16 at ~0.6x, measured at start).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 import torch
 from torch import Tensor
@@ -84,14 +85,33 @@ register_gemm_kind(GemmKind("int8", _int8_prepare, lambda x, bias, weight, weigh
                             int8.int8_linear(x, weight, weight_scale, weight_zero, bias), _int8_unsupported))
 
 
-def choose_dtype(requested: str, mode: str, caps: Capabilities) -> tuple[str, str]:
-    """-> (the dtype to compute in, why): the `precision` option's choice for a scenario dtype."""
+# `auto` keeps a half-precision dtype whose CPU GEMMs run at least this share of float32's rate
+# (it halves the bytes every weight read moves; beam steps are bound by them).
+HALF_VS_FLOAT32 = 0.8
+
+
+def choose_dtype(requested: str, mode: str, caps: Capabilities,
+                 gflops: Optional[Callable[[tuple[str, ...]], Mapping[str, float]]] = None) -> tuple[str, str]:
+    """-> (the dtype to compute in, why): the `precision` option's choice for a scenario dtype.
+
+    `gflops(dtypes)` measures the device's GEMM rate in each (a CPU: `hardware.cpu_gemm_gflops`);
+    `auto` asks it only on a CPU whose flags leave the speed open: the dtype's AVX-512
+    instructions without the matrix units (AMX) that make it fast for certain."""
     if mode != "auto":
         return mode, f"{mode}: chosen by the precision option"
-    if caps.native(requested):
-        return requested, f"{requested}: the scenario's dtype, native on {caps.name}"
-    return "float32", (f"float32: {caps.name} has no native {requested} (its {requested} GEMMs are "
-                       "emulated, slower than float32); precision: auto")
+    if not caps.native(requested):
+        return "float32", (f"float32: {caps.name} has no native {requested} (its {requested} GEMMs are "
+                           "emulated, slower than float32); precision: auto")
+    amx = {"bfloat16": "amx_bf16", "float16": "amx_fp16"}.get(requested)
+    if caps.device_type == "cpu" and amx and amx not in caps.flags and gflops is not None:
+        rates = gflops((requested, "float32"))
+        half, full = rates[requested], rates["float32"]
+        if half < HALF_VS_FLOAT32 * full:
+            return "float32", (f"float32: {caps.name} runs {requested} GEMMs natively but slower than "
+                               f"float32 ({half:,.0f} vs {full:,.0f} GFLOP/s measured, no AMX); precision: auto")
+        return requested, (f"{requested}: the scenario's dtype, native on {caps.name} ({half:,.0f} GFLOP/s "
+                           f"measured vs float32's {full:,.0f})")
+    return requested, f"{requested}: the scenario's dtype, native on {caps.name}"
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,13 @@ from engines.bounded.model import precision
 from engines.bounded.model.layers import Linear
 from engines.bounded.model.precision import GEMM_KINDS, GemmKind, PrecisionPolicy, choose_dtype
 from engines.bounded.options import BoundedOptions
-from engines.hardware import probe
-from tests.engines.test_hardware import AVX2_ONLY, ICE_LAKE, SAPPHIRE, ZEN4
+from engines.hardware import cpu_gemm_gflops, probe
+from tests.engines.test_hardware import AVX2_ONLY, HIDDEN_AMX, ICE_LAKE, SAPPHIRE, ZEN4
+
+# GEMM rates (GFLOP/s) as measured on these CPUs (2 cores, torch 2.13): bf16 on AVX512-BF16
+# without AMX is ~2.4x float32 on a Zen 4 and ~0.6x on an Emerald Rapids whose AMX is hidden
+ZEN4_RATES = {"float32": 185.0, "bfloat16": 450.0, "float16": 0.0}
+HIDDEN_AMX_RATES = {"float32": 300.0, "bfloat16": 175.0, "float16": 290.0}
 
 
 @pytest.mark.parametrize("caps, requested, want", [
@@ -25,6 +30,28 @@ def test_auto_keeps_native_dtypes_and_falls_back_to_float32(caps, requested, wan
     assert ("native on" if dtype == requested else "has no native") in why and caps.name in why
 
 
+@pytest.mark.parametrize("caps, rates, requested, want", [
+    (ZEN4, ZEN4_RATES, "bfloat16", "bfloat16"),
+    (HIDDEN_AMX, HIDDEN_AMX_RATES, "bfloat16", "float32"),  # native, but 0.58x float32's rate
+    (HIDDEN_AMX, HIDDEN_AMX_RATES, "float16", "float16"),  # 0.97x: half the bytes, kept
+    (HIDDEN_AMX, {**HIDDEN_AMX_RATES, "bfloat16": 0.81 * 300}, "bfloat16", "bfloat16"),
+])
+def test_auto_weighs_measured_rates_where_flags_leave_speed_open(caps, rates, requested, want):
+    asked = []
+    dtype, why = choose_dtype(requested, "auto", caps, lambda ds: asked.append(ds) or {d: rates[d] for d in ds})
+    assert dtype == want and asked == [(requested, "float32")]
+    assert f"{rates[requested]:,.0f}" in why and f"{rates['float32']:,.0f}" in why
+    assert ("slower than float32" in why) is (want == "float32")
+
+
+def test_auto_trusts_amx_and_never_measures_an_explicit_choice():
+    def refuse(dtypes):
+        raise AssertionError("measured")
+    assert choose_dtype("bfloat16", "auto", SAPPHIRE, refuse)[0] == "bfloat16"
+    assert choose_dtype("bfloat16", "auto", ICE_LAKE, refuse)[0] == "float32"
+    assert choose_dtype("bfloat16", "bfloat16", HIDDEN_AMX, refuse)[0] == "bfloat16"
+
+
 def test_explicit_choice_wins_on_any_cpu():
     assert choose_dtype("bfloat16", "bfloat16", ICE_LAKE) == ("bfloat16", "bfloat16: chosen by the precision option")
     assert choose_dtype("bfloat16", "float32", ZEN4)[0] == "float32"
@@ -33,6 +60,7 @@ def test_explicit_choice_wins_on_any_cpu():
 @pytest.mark.parametrize("caps, want", [(ICE_LAKE, "float32"), (ZEN4, "bfloat16")])
 def test_engine_policy_with_the_probe_injected(caps, want, tiny_dir, monkeypatch):
     monkeypatch.setattr(engine_mod, "probe", lambda device: caps)
+    monkeypatch.setattr(engine_mod, "cpu_gemm_gflops", lambda ds: {d: ZEN4_RATES[d] for d in ds})
     cfg = EngineConfig(tiny_dir, "bfloat16", "cpu", Bounds(), "prefill_only", {"compile": "eager", "int8": ["down"]})
     e = engine_mod.BoundedEngine(cfg)
     d = e.describe()
@@ -44,7 +72,21 @@ def test_engine_policy_with_the_probe_injected(caps, want, tiny_dir, monkeypatch
 def test_real_probe_policy_on_this_machine(tiny_dir):
     e = engine_mod.BoundedEngine(EngineConfig(tiny_dir, "bfloat16", "cpu", Bounds(), "prefill_only",
                                               {"compile": "eager"}))
-    assert e.policy.dtype == ("bfloat16" if probe("cpu").native("bfloat16") else "float32")
+    caps = probe("cpu")
+    if not caps.native("bfloat16"):
+        assert e.policy.dtype == "float32"
+    elif "amx_bf16" in caps.flags:
+        assert e.policy.dtype == "bfloat16"
+    else:  # AVX512-BF16 alone: decided by the rates measured in this process
+        rates = cpu_gemm_gflops(("bfloat16", "float32"))  # cached: what the engine measured
+        fast = rates["bfloat16"] >= precision.HALF_VS_FLOAT32 * rates["float32"]
+        assert e.policy.dtype == ("bfloat16" if fast else "float32") and "GFLOP/s measured" in e.policy.why
+
+
+def test_cpu_gemm_rates_are_measured_once_per_process():
+    rates = cpu_gemm_gflops(("bfloat16", "float32"))
+    assert set(rates) == {"bfloat16", "float32"} and min(rates.values()) > 0
+    assert cpu_gemm_gflops(("bfloat16", "float32")) is rates
 
 
 def test_int8_groups_refused_on_a_gpu_and_fp8_on_a_cpu():

@@ -119,7 +119,7 @@ def test_bf16_int8_package_runs_the_mlp_middle_natively(engine_factory):
 
     if not native.load(log=lambda _: None) or not onednn_int8_exact():
         pytest.skip("needs the native bf16 kernels and oneDNN's exact int8 kernel (VNNI or AMX)")
-    e = engine_factory("bfloat16", int8=["qkv", "o", "gate_up", "down"], gate="accept")
+    e = engine_factory("bfloat16", precision="bfloat16", int8=["qkv", "o", "gate_up", "down"], gate="accept")
     calls = _extern_calls(_package(e)["package"])
     assert any("qlinear_pointwise" in c for c in calls) and "aoti_torch_cpu__linear_pointwise" not in calls, calls
     text = _package_text(_package(e)["package"])
@@ -191,12 +191,12 @@ def test_bf16_package_calls_the_native_kernel_itself(engine_factory):
 
     if not native.load(log=lambda _: None):
         pytest.skip(f"native CPU attention unavailable here: {native.status()}")
-    auto = engine_factory("bfloat16")
+    auto = engine_factory("bfloat16", precision="bfloat16")
     assert _status(auto)["prefill_attention"] == "native"
     text = _package_text(_package(auto)["package"])
     assert "bounded_native::varlen_attention_bf16" in text and "bounded::varlen_attention" not in text
     assert "bounded_native::swiglu_bf16" in text  # the MLP's SwiGLU too (kernels/dense.swiglu)
-    per_sequence = engine_factory("bfloat16", prefill_attention="per_sequence")
+    per_sequence = engine_factory("bfloat16", precision="bfloat16", prefill_attention="per_sequence")
     reqs = _requests()
     for a, b in zip(asyncio.run(_gather(auto, reqs)), asyncio.run(_gather(per_sequence, reqs))):
         assert a.scores == b.scores  # the same kernel, called two ways
