@@ -25,7 +25,7 @@ attention of float32 plans and the body of bounded::varlen_attention for float32
 decode step's attention (`beam_attention_f32`, csrc/beam_attention_f32.cpp: float32 K/V in
 every plan, so bf16 plans call it too); the fused float32 beam head
 (csrc/beam_head_f32.cpp); and the float32 MLP's SwiGLU (`swiglu_f32`, csrc/swiglu_f32.cpp).
-Built for AVX2 + FMA. `BOUNDED_NATIVE=0`
+Built for AVX2 + FMA, its attention GEMMs on AVX-512 where the CPU has it. `BOUNDED_NATIVE=0`
 turns both off.
 """
 from __future__ import annotations
@@ -53,7 +53,10 @@ CFLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512d
           "-DCPU_CAPABILITY_AVX512", "-DCPU_CAPABILITY=AVX512"]
 # The float32 attention (csrc/varlen_attention_f32.cpp): AVX2 + FMA, so any x86-64 CPU of the
 # last decade runs it (Zen 3 and Ice Lake among them, where policy auto computes in float32).
-CFLAGS_F32 = ["-O3", "-fopenmp", "-mavx2", "-mfma", "-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2"]
+# On a CPU with AVX-512 the attention's GEMM micro-kernel takes 512-bit registers
+# (f32_kernels.h); the rest stays AVX2 code (ATen's Vectorized is chosen by CPU_CAPABILITY).
+CFLAGS_F32 = ["-O3", "-fopenmp", "-mavx2", "-mfma", "-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2",
+              *(["-mavx512f"] if "avx512f" in all_cpu_flags() else [])]
 
 
 def cpu_has_bf16_dot() -> bool:

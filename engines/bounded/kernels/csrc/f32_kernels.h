@@ -1,7 +1,8 @@
 // The float32 building blocks of the native attentions (varlen_attention_f32.cpp for the
 // packed prefill, beam_attention_f32.cpp for a beam decode step): a register-tiled GEMM
-// micro-kernel (6 rows x 16 columns, FMA), an exponentiated softmax row, an 8 x 8 transpose.
-// AVX2 + FMA; the including file is built with -mavx2 -mfma (native.py).
+// micro-kernel (6 rows x 16 columns, FMA; 32 on AVX-512), an exponentiated softmax row, an 8 x 8 transpose.
+// AVX2 + FMA; the including file is built with -mavx2 -mfma (native.py), and with -mavx512f on
+// a CPU that has it, where the GEMM takes 32-column panels on 512-bit registers.
 #pragma once
 
 #include <ATen/cpu/vec/vec.h>
@@ -57,12 +58,50 @@ using Micro = void (*)(const float*, int64_t, const float*, int64_t, int64_t, fl
 
 constexpr int64_t MR = 6;  // rows per micro-kernel call: 12 accumulators + 2 of b + 1 broadcast of 16 registers
 
+#if defined(__AVX512F__)
+// micro's 32-column form where the library is built for AVX-512 (native.py, on a CPU with
+// avx512f): the same 6 rows on 512-bit registers, twice the columns per FMA (Ice Lake, a
+// Sapphire Rapids whose AMX is hidden, Zen 4's float32 hold-out plans).
+template <int R>
+inline void micro32(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t kdim, float* c, int64_t ldc) {
+  __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00,
+         c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+  for (int64_t p = 0; p < kdim; ++p) {
+    const __m512 b0 = _mm512_loadu_ps(b + p * ldb), b1 = _mm512_loadu_ps(b + p * ldb + 16);
+#define BOUNDED_ROW(r)                                                \
+    if constexpr (R > r) {                                            \
+      const __m512 x = _mm512_set1_ps(a[r * lda + p]);                \
+      c##r##0 = _mm512_fmadd_ps(x, b0, c##r##0);                      \
+      c##r##1 = _mm512_fmadd_ps(x, b1, c##r##1);                      \
+    }
+    BOUNDED_ROW(0) BOUNDED_ROW(1) BOUNDED_ROW(2) BOUNDED_ROW(3) BOUNDED_ROW(4) BOUNDED_ROW(5)
+#undef BOUNDED_ROW
+  }
+#define BOUNDED_STORE(r)                                              \
+  if constexpr (R > r) {                                              \
+    _mm512_storeu_ps(c + r * ldc, c##r##0);                           \
+    _mm512_storeu_ps(c + r * ldc + 16, c##r##1);                      \
+  }
+  BOUNDED_STORE(0) BOUNDED_STORE(1) BOUNDED_STORE(2) BOUNDED_STORE(3) BOUNDED_STORE(4) BOUNDED_STORE(5)
+#undef BOUNDED_STORE
+}
+#endif
+
 // c[m, n rounded up to 16] = a[m, kdim] x b[kdim, n]; b's and c's rows hold at least n
-// rounded up to 16 floats.
+// rounded up to 16 floats. A panel of b (32 or 16 columns) stays in L1 across the rows.
 inline void gemm(const float* a, int64_t lda, int64_t m, const float* b, int64_t ldb, int64_t kdim, int64_t n, float* c,
           int64_t ldc) {
   static constexpr std::array<Micro, MR> table = {&micro<1>, &micro<2>, &micro<3>, &micro<4>, &micro<5>, &micro<6>};
-  for (int64_t j = 0; j < n; j += 16) {  // a 16-column panel of b stays in L1 across the rows
+  int64_t j = 0;
+#if defined(__AVX512F__)
+  static constexpr std::array<Micro, MR> wide = {&micro32<1>, &micro32<2>, &micro32<3>,
+                                                 &micro32<4>, &micro32<5>, &micro32<6>};
+  for (; j + 32 <= round_up(n, 16); j += 32) {
+    for (int64_t i = 0; i < m; i += MR) wide[std::min<int64_t>(MR, m - i) - 1](a + i * lda, lda, b + j, ldb, kdim,
+                                                                               c + i * ldc + j, ldc);
+  }
+#endif
+  for (; j < n; j += 16) {
     for (int64_t i = 0; i < m; i += MR) table[std::min<int64_t>(MR, m - i) - 1](a + i * lda, lda, b + j, ldb, kdim,
                                                                                 c + i * ldc + j, ldc);
   }

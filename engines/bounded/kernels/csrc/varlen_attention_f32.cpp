@@ -13,7 +13,7 @@
 // rows, whose keys stop at its last row (the upper blocks of the causal triangle are never
 // computed), and per query head of the group: scores = Q K^T, scaled, masked, softmax in
 // float32 (the exponentials summed as they are written, the division deferred to the output
-// rows), P V. Both GEMMs run one register-tiled micro-kernel (6 rows x 16 columns, FMA;
+// rows), P V. Both GEMMs run one register-tiled micro-kernel (6 rows x 16 columns, or 32 on AVX-512; FMA;
 // f32_kernels.h, shared with the beam step's attention).
 // A second entry, varlen_attention_rope_f32, takes the qkv projection as its GEMM gave it and
 // RMS-norms (Qwen3's q/k norms) and rotates q and k itself as it reads them, like the bf16

@@ -255,11 +255,14 @@ def f32_kernel():
     return torch.ops.bounded_native_f32.varlen_attention_f32
 
 
-@pytest.mark.parametrize("hq, hkv, d", [(4, 2, 32), (14, 2, 64), (16, 8, 128), (2, 2, 16), (3, 1, 24)])
+@pytest.mark.parametrize("hq, hkv, d", [(4, 2, 32), (14, 2, 64), (16, 8, 128), (2, 2, 16), (3, 1, 24), (6, 2, 48),
+                                       (2, 1, 80)])
 def test_native_float32_attention_is_the_exact_one_to_float32_rounding(f32_kernel, hq, hkv, d):
-    """The float32 kernel (AVX2 + FMA) against the exact (float64) concatenations, on random
-    batches of plain sequences and queries with items (1-300 tokens, blocks cut mid-sequence;
-    head dims that are not multiples of 16 included), and as the op's body."""
+    """The float32 kernel (AVX2 + FMA; 32-column GEMM panels on AVX-512) against the exact
+    (float64) concatenations, on random batches of plain sequences and queries with items
+    (1-300 tokens, blocks cut mid-sequence; head dims that are not multiples of 16 included,
+    and 48 and 80, whose rows end in a 16-column panel after the 32-column ones), and as
+    the op's body."""
     rng = random.Random(d + hq + 1)
     torch.manual_seed(d + 1)
     for _ in range(3):
