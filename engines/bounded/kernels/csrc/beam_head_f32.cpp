@@ -14,7 +14,8 @@
 // micro-kernel step reads one row of a panel as two vectors; the micro-kernel is 6 rows x 16
 // columns of FMA. Every logit is summed over K in the same order whatever the rows, so the
 // recomputed blocks are the summary's values exactly; head_logits_f32 writes the same logits
-// (a choice that reads logits; tests). Built with -mavx2 -mfma (native.py).
+// (a choice that reads logits; tests). Built with -mavx2 -mfma (native.py); with -mavx512f
+// on a CPU that has it, where chunk_logits takes two panels per micro-kernel call.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
@@ -63,21 +64,35 @@ void micro(const float* a, int64_t lda, const float* b, int64_t kdim, float* c, 
 using Micro = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t);
 constexpr std::array<Micro, MR> MICROS = {&micro<1>, &micro<2>, &micro<3>, &micro<4>, &micro<5>, &micro<6>};
 
+#if defined(__AVX512F__)
+// Two neighbouring panels at once on 512-bit registers (the library's AVX-512 build): the
+// same logits, bit for bit, as two calls of micro (f32_kernels.h: micro_pair).
+template <int R>
+void micro2(const float* a, int64_t lda, const float* b, int64_t kdim, float* c, int64_t ldc) {
+  bounded::f32::micro_pair<R>(a, lda, b, b + kdim * PANEL, PANEL, kdim, c, ldc);
+}
+constexpr std::array<Micro, MR> PAIRS = {&micro2<1>, &micro2<2>, &micro2<3>, &micro2<4>, &micro2<5>, &micro2<6>};
+constexpr int64_t STEP = 2 * PANEL;  // columns chunk_logits takes per micro-kernel call
+#else
+constexpr std::array<Micro, MR> PAIRS = MICROS;
+constexpr int64_t STEP = PANEL;
+#endif
+
 // buf[rows, CHUNK] = the logits of `rows` hidden rows at columns [c0, c0 + CHUNK): panel by
 // panel, each panel read from L2 once per 6 rows. With a small contraction a call reads its
 // panel (4 KB at K = 64) too briefly for the hardware's prefetcher to run ahead, so the next
 // panel is asked into L2 a share per call (as beam_head.cpp's group_logits).
 void chunk_logits(const float* hidden, int64_t rows, int64_t kdim, const float* packed, int64_t c0, float* buf) {
-  const int64_t bytes = kdim * PANEL * static_cast<int64_t>(sizeof(float)), calls = std::max<int64_t>(1, (rows + MR - 1) / MR);
+  const int64_t bytes = kdim * STEP * static_cast<int64_t>(sizeof(float)), calls = std::max<int64_t>(1, (rows + MR - 1) / MR);
   const int64_t lines = bytes <= PREFETCH_BYTES ? bytes / 64 : 0, per = (lines + calls - 1) / calls;
-  for (int64_t col = 0; col < CHUNK; col += PANEL) {
+  for (int64_t col = 0; col < CHUNK; col += STEP) {  // STEP: one panel, or two on AVX-512
     const float* panel = packed + (c0 + col) / PANEL * kdim * PANEL;
-    const char* next = reinterpret_cast<const char*>(panel + kdim * PANEL);
+    const char* next = reinterpret_cast<const char*>(panel + kdim * STEP);
     int64_t line = 0;
     for (int64_t r = 0; r < rows; r += MR) {
       for (const int64_t end = std::min(lines, line + per); line < end; ++line)
         _mm_prefetch(next + line * 64, _MM_HINT_T1);
-      MICROS[std::min<int64_t>(MR, rows - r) - 1](hidden + r * kdim, kdim, panel, kdim, buf + r * CHUNK + col, CHUNK);
+      PAIRS[std::min<int64_t>(MR, rows - r) - 1](hidden + r * kdim, kdim, panel, kdim, buf + r * CHUNK + col, CHUNK);
     }
   }
 }

@@ -61,18 +61,22 @@ constexpr int64_t MR = 6;  // rows per micro-kernel call: 12 accumulators + 2 of
 #if defined(__AVX512F__)
 // micro's 32-column form where the library is built for AVX-512 (native.py, on a CPU with
 // avx512f): the same 6 rows on 512-bit registers, twice the columns per FMA (Ice Lake, a
-// Sapphire Rapids whose AMX is hidden, Zen 4's float32 hold-out plans).
+// Sapphire Rapids whose AMX is hidden, Zen 4's float32 hold-out plans). Columns 0-15 come
+// from b0's rows, 16-31 from b1's (two halves of one row, or two packed panels of the beam
+// head). Each output is the same chain of FMAs over k as micro's: the results are equal bit
+// for bit.
 template <int R>
-inline void micro32(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t kdim, float* c, int64_t ldc) {
+inline void micro_pair(const float* a, int64_t lda, const float* b0, const float* b1, int64_t ldb, int64_t kdim,
+                       float* c, int64_t ldc) {
   __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00,
          c40 = c00, c41 = c00, c50 = c00, c51 = c00;
   for (int64_t p = 0; p < kdim; ++p) {
-    const __m512 b0 = _mm512_loadu_ps(b + p * ldb), b1 = _mm512_loadu_ps(b + p * ldb + 16);
+    const __m512 lo = _mm512_loadu_ps(b0 + p * ldb), hi = _mm512_loadu_ps(b1 + p * ldb);
 #define BOUNDED_ROW(r)                                                \
     if constexpr (R > r) {                                            \
       const __m512 x = _mm512_set1_ps(a[r * lda + p]);                \
-      c##r##0 = _mm512_fmadd_ps(x, b0, c##r##0);                      \
-      c##r##1 = _mm512_fmadd_ps(x, b1, c##r##1);                      \
+      c##r##0 = _mm512_fmadd_ps(x, lo, c##r##0);                      \
+      c##r##1 = _mm512_fmadd_ps(x, hi, c##r##1);                      \
     }
     BOUNDED_ROW(0) BOUNDED_ROW(1) BOUNDED_ROW(2) BOUNDED_ROW(3) BOUNDED_ROW(4) BOUNDED_ROW(5)
 #undef BOUNDED_ROW
@@ -84,6 +88,11 @@ inline void micro32(const float* a, int64_t lda, const float* b, int64_t ldb, in
   }
   BOUNDED_STORE(0) BOUNDED_STORE(1) BOUNDED_STORE(2) BOUNDED_STORE(3) BOUNDED_STORE(4) BOUNDED_STORE(5)
 #undef BOUNDED_STORE
+}
+
+template <int R>
+inline void micro32(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t kdim, float* c, int64_t ldc) {
+  micro_pair<R>(a, lda, b, b + 16, ldb, kdim, c, ldc);
 }
 #endif
 
