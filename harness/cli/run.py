@@ -3,6 +3,7 @@ its report."""
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import time
 from pathlib import Path
@@ -139,6 +140,9 @@ def _print_summary(result) -> None:
     for er in result.engines:
         for cell, search in er.searches:
             where = f" ({cell.label})" if cell.label else ""
+            if math.isnan(search.max_rate):  # the search's warning says which rates were probed
+                out.print(f"{er.name}{where}: max rate under the SLO: none ({len(search.probes)} probes)")
+                continue
             out.print(f"{er.name}{where}: max rate under the SLO {search.max_rate:.4g} req/s "
                       f"(goodput {search.goodput_qps:.4g} req/s, {len(search.probes)} probes)")
 

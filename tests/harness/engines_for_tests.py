@@ -26,6 +26,15 @@ class SlowEngine(Engine):
         return PrefillResult(request.id, [[0.5, 0.5]] * len(request.samples))
 
 
+class SlowerEngine(SlowEngine):
+    """SlowEngine at 50 ms a request: over a 20 ms mean SLO at any rate."""
+
+    name = "slower"
+
+    def __init__(self, config):
+        super().__init__(config, service_s=0.05)
+
+
 class FlakyEngine(Engine):
     """Fails every request whose id ends in a chosen digit; rejects ids ending in 'r'."""
 

@@ -1,6 +1,7 @@
 """report.html from run folders: written by `bench run`, rebuilt and compared by `bench report`."""
 import csv
 import json
+import math
 import re
 import shutil
 
@@ -153,6 +154,20 @@ def test_slo_search_rows_and_report(tmp_path, monkeypatch):
     html = (out / "report.html").read_text()
     assert 'id="slo-search"' in html and "SLO search probes" not in html  # title is inside the PNG
     assert "max rate under the SLO" in res.output
+
+
+def test_find_max_qps_says_none_where_no_rate_meets_the_slo(tmp_path, monkeypatch):
+    """An engine slower than the SLO's mean alone: the search ends without a rate, and the
+    CLI says none (not 'nan req/s'), as the run's warning and run.json do."""
+    import engines.registry as reg
+
+    monkeypatch.setitem(reg.ENGINES, "slower", "tests.harness.engines_for_tests:SlowerEngine")
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["run", "scenarios/smoke_prefill.yaml", "--engine", "slower", "--requests", "4",
+                                   "--concurrency", "1", "--peak-tflops", "1", "--find-max-qps", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "slower: max rate under the SLO: none (" in res.output and "nan req/s" not in res.output
+    assert math.isnan(json.loads((out / "run.json").read_text())["slo_search"]["slower"]["max_rate"])
 
 
 def test_precision_label_beside_agreement():
