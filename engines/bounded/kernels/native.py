@@ -53,10 +53,11 @@ CFLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512d
           "-DCPU_CAPABILITY_AVX512", "-DCPU_CAPABILITY=AVX512"]
 # The float32 attention (csrc/varlen_attention_f32.cpp): AVX2 + FMA, so any x86-64 CPU of the
 # last decade runs it (Zen 3 and Ice Lake among them, where policy auto computes in float32).
-# On a CPU with AVX-512 the attention's GEMM micro-kernel takes 512-bit registers
-# (f32_kernels.h); the rest stays AVX2 code (ATen's Vectorized is chosen by CPU_CAPABILITY).
+# On a CPU with AVX-512 the GEMM micro-kernels of the attention and the beam head, and the
+# SwiGLU, take 512-bit registers (f32_kernels.h, swiglu_f32.cpp); the rest stays AVX2 code
+# (ATen's Vectorized is chosen by CPU_CAPABILITY).
 CFLAGS_F32 = ["-O3", "-fopenmp", "-mavx2", "-mfma", "-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2",
-              *(["-mavx512f"] if "avx512f" in all_cpu_flags() else [])]
+              *(["-mavx512f", "-mavx512dq"] if {"avx512f", "avx512dq"} <= all_cpu_flags() else [])]
 
 
 def cpu_has_bf16_dot() -> bool:
