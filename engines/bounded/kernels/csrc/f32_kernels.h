@@ -14,6 +14,10 @@
 #include <cstdint>
 #include <limits>
 
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+#include "lean_exp.h"
+#endif
+
 namespace bounded::f32 {
 
 using Vec = at::vec::Vectorized<float>;
@@ -136,6 +140,20 @@ inline float row_max(const float* row, int64_t n, float at_least = -std::numeric
 // 8); returns their sum. Whole vectors, the last one's lanes past n zeroed by a mask: a row
 // of a short sequence is mostly its tail.
 inline float exp_row_at(float* row, int64_t n, float scale, int64_t width, float mx) {
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+  // 16 lanes, lean_exp.h's 2^t of t = (x - mx) * scale * log2(e) in one FMA; the loads and
+  // stores masked at n, so no caller's row needs room past it
+  const __m512 a = _mm512_set1_ps(scale * LOG2E), b = _mm512_set1_ps(-mx * scale * LOG2E);
+  __m512 vsum = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = j + 16 <= n ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - j)) - 1);
+    const __m512 e = _mm512_maskz_mov_ps(m, exp2_lean(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, row + j), a, b)));
+    _mm512_mask_storeu_ps(row + j, m, e);
+    vsum = _mm512_add_ps(vsum, e);
+  }
+  if (n < width) std::fill(row + n, row + width, 0.0f);
+  return _mm512_reduce_add_ps(vsum);
+#else
   const Vec vscale(scale), vshift(mx * scale);
   __m256 vsum = _mm256_setzero_ps();
   int64_t j = 0;
@@ -147,6 +165,7 @@ inline float exp_row_at(float* row, int64_t n, float scale, int64_t width, float
   }
   std::fill(row + j, row + width, 0.0f);
   return hsum(vsum);
+#endif
 }
 
 // exp_row_at at the row's own maximum: a softmax row's exponentials and their sum.
