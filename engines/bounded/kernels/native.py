@@ -25,8 +25,8 @@ attention of float32 plans and the body of bounded::varlen_attention for float32
 decode step's attention (`beam_attention_f32`, csrc/beam_attention_f32.cpp: float32 K/V in
 every plan, so bf16 plans call it too); the fused float32 beam head
 (csrc/beam_head_f32.cpp); and the float32 MLP's SwiGLU (`swiglu_f32`, csrc/swiglu_f32.cpp).
-Built for AVX2 + FMA, its attention GEMMs on AVX-512 where the CPU has it. `BOUNDED_NATIVE=0`
-turns both off.
+Built for AVX2 + FMA; on a CPU with AVX-512 (F and DQ) its GEMM micro-kernels, softmax
+exponentials and SwiGLU take 512-bit registers. `BOUNDED_NATIVE=0` turns both off.
 """
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 // The float32 building blocks of the native attentions (varlen_attention_f32.cpp for the
 // packed prefill, beam_attention_f32.cpp for a beam decode step): a register-tiled GEMM
 // micro-kernel (6 rows x 16 columns, FMA; 32 on AVX-512), an exponentiated softmax row, an 8 x 8 transpose.
-// AVX2 + FMA; the including file is built with -mavx2 -mfma (native.py), and with -mavx512f on
-// a CPU that has it, where the GEMM takes 32-column panels on 512-bit registers.
+// AVX2 + FMA; the including file is built with -mavx2 -mfma (native.py), and with -mavx512f
+// -mavx512dq on a CPU that has them, where the GEMM takes 32-column panels on 512-bit
+// registers and a softmax row's exponentials are lean_exp.h's, 16 lanes at a time.
 #pragma once
 
 #include <ATen/cpu/vec/vec.h>
