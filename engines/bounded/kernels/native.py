@@ -74,11 +74,10 @@ class Library:
     of its ops for torch.export. Built once per machine and source, loaded on first use."""
 
     def __init__(self, name: str, sources: tuple[str, ...], cflags: list[str], cpu_ok: Callable[[], bool],
-                 cpu_needs: str, fakes: Callable[[], None],
-                 headers: tuple[str, ...] = ("varlen_units.h", "beam_choice.h", "f32_kernels.h", "amx_tiles.h",
-                                            "lean_exp.h", "quantise_row.h")):
-        self.name, self.sources = name, tuple(Path(__file__).parent / "csrc" / s for s in sources)
-        self.headers = tuple(Path(__file__).parent / "csrc" / h for h in headers)  # in the digest, not built
+                 cpu_needs: str, fakes: Callable[[], None]):
+        csrc = Path(__file__).parent / "csrc"
+        self.name, self.sources = name, tuple(csrc / s for s in sources)
+        self.headers = tuple(sorted(csrc.glob("*.h")))  # every header in the digest (any source may include it)
         self.cflags, self.cpu_ok, self.cpu_needs, self.fakes = cflags, cpu_ok, cpu_needs, fakes
         self._lock = threading.Lock()
         self._state: dict[str, Optional[str]] = {}  # "error": why it is unavailable (None: loaded)

@@ -36,6 +36,7 @@
 
 #include "amx_tiles.h"
 #include "beam_choice.h"
+#include "head_summary.h"
 #include "lean_exp.h"
 
 #include <algorithm>
@@ -75,10 +76,9 @@ using bounded::RowSum;
 
 int64_t padded_columns(int64_t v) { return (v + CHUNK - 1) / CHUNK * CHUNK; }
 
-inline __mmask16 lanes(int64_t j, int64_t n) {
-  const int64_t left = n - j;
-  return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
-}
+using bounded::LOG2E;
+using bounded::summary::FusedSums;
+using bounded::summary::lanes;
 
 // float32 -> the nearest bf16 (ties to even), widened back to float32 exactly.
 HEAD_TARGET inline __m512 round_bf16(__m512 x) {
@@ -137,82 +137,19 @@ HEAD_TARGET void chunk_logits(const BFloat16* hidden, int64_t rows, int64_t kdim
 //
 // The logits of a group of 64 columns for every row of a block (a loop of micro-kernels,
 // inlined, rounded to bf16 as micro's) go to a small buffer and are summarised from there
-// at once, with a lean exponential: with a small contraction (the tiny models' K = 64, 32
-// steps of products a micro-kernel) the chunk buffer's round trip through L2, a call per 6
-// rows and ATen's exp_u20 cost about as much as the products. Zen 4, [100, 64] x
-// [64, 151,936] on two threads: 9.1 -> ~6 ms.
-
-using bounded::LOG2E;
-
-// 2^t for the summary's bounded t (lean_exp.h: a third of exp_u20's instructions)
-HEAD_TARGET inline __m512 exp2_small(__m512 t) { return bounded::exp2_lean(t); }
-
-// One thread's running summary of the rows it has seen columns of: ref[r] near the row's
-// maximum so far (-inf: none yet), lanes[r] 16 lanes of sum exp(x - ref[r]), halves[r] 16
-// lanes of the maxima of the block's first group.
-struct FusedSums {
-  std::vector<float> ref, lanes, halves, buf;  // [rows], [rows, 16], [rows, 16]; a group's logits [step, 64]
-  FusedSums(int64_t rows, int64_t step)
-      : ref(rows, NEG_INF), lanes(rows * 16, 0.0f), halves(rows * 16, 0.0f), buf(step * GROUP * PANEL) {}
-  HEAD_TARGET RowSum row(int64_t r) const {
-    return {ref[r], _mm512_reduce_add_ps(_mm512_loadu_ps(lanes.data() + r * 16))};
-  }
-};
-
-// The lanes of one 64-column group: `valid` (inside the vocabulary) and `keep` (valid, not
-// banned: the block maxima's lanes); `banned`: keep != valid somewhere.
-struct GroupMasks {
-  __mmask16 valid[GROUP], keep[GROUP];
-  bool banned;
-};
-
-GroupMasks group_masks(int64_t c0, int64_t vocab, const int64_t* ban, int64_t nbanned) {
-  GroupMasks g{};
-  for (int p = 0; p < GROUP; ++p) {
-    const int64_t j = c0 + p * PANEL;
-    g.keep[p] = g.valid[p] = j >= vocab ? 0 : lanes(j, vocab);
-  }
-  for (int64_t e = 0; e < nbanned; ++e) {
-    const int64_t d = ban[e] - c0;
-    if (d >= 0 && d < GROUP * PANEL) {
-      g.keep[d / PANEL] &= static_cast<__mmask16>(~(1u << (d % PANEL)));
-      g.banned = true;
-    }
-  }
-  return g;
-}
-
-enum class Half { FIRST, SECOND, ALONE };  // a group's place in its block
-
-// The group's maximum lanes of a row, into its block's maximum bm (FIRST: kept for SECOND)
-HEAD_TARGET inline void block_max(__m512 mx, Half half, float* held, float* bm) {
-  if (half == Half::FIRST)
-    _mm512_storeu_ps(held, mx);
-  else
-    *bm = _mm512_reduce_max_ps(half == Half::SECOND ? _mm512_max_ps(mx, _mm512_loadu_ps(held)) : mx);
-}
+// at once (head_summary.h). Zen 4, [100, 64] x [64, 151,936] on two threads: 9.1 -> ~6 ms.
 
 // buf[rows, 64] = the logits of hidden rows [0, rows) (ld kdim) at one group (panels at b)
 HEAD_TARGET void group_logits(const BFloat16* hidden, int64_t rows, int64_t kdim, const BFloat16* b, float* buf) {
   const int64_t k2 = kdim / 2, panel = k2 * 2 * PANEL, ld = GROUP * PANEL;
-  // With a small contraction a micro-kernel call reads its panels (2 KB each at K = 64) too
-  // briefly for the hardware's prefetcher to run ahead, and each group's first call waited on
-  // memory: the next group's panels are asked into L2 a share per call. (Large K: long
-  // streams the prefetcher follows; asking as well cost ~3 % at K = 896.)
-  const char* next = reinterpret_cast<const char*>(b + GROUP * panel);
-  const int64_t bytes = GROUP * panel * static_cast<int64_t>(sizeof(BFloat16));
-  const int64_t calls = std::max<int64_t>(1, (rows + MR - 1) / MR), lines = bytes <= PREFETCH_BYTES ? bytes / 64 : 0;
-  const int64_t per = (lines + calls - 1) / calls;
-  int64_t line = 0;
-  const auto ask = [&] {
-    for (const int64_t end = std::min(lines, line + per); line < end; ++line) _mm_prefetch(next + line * 64, _MM_HINT_T1);
-  };
+  bounded::summary::Ahead ahead(b + GROUP * panel, GROUP * panel * static_cast<int64_t>(sizeof(BFloat16)),
+                                (rows + MR - 1) / MR, PREFETCH_BYTES);
   int64_t r = 0;
   for (; r + MR <= rows; r += MR) {
-    ask();
+    ahead.ask();
     micro_inline<MR>(hidden + r * kdim, kdim, b, panel, k2, buf + r * ld, ld);
   }
-  ask();
+  ahead.ask();
   const BFloat16* a = hidden + r * kdim;
   float* out = buf + r * ld;
   switch (rows - r) {
@@ -225,56 +162,16 @@ HEAD_TARGET void group_logits(const BFloat16* hidden, int64_t rows, int64_t kdim
   }
 }
 
-// The group's logits buf[rows, 64] folded into the rows' sums (ref, sum: row 0's), their
-// maxima into the block maxima (bm: row 0's entry of the group's block).
-HEAD_TARGET void group_summary(const float* buf, int64_t rows, const GroupMasks& gm, Half half, float* ref, float* sum,
-                               float* held, float* bm, int64_t nb) {
-  const __m512 neg = _mm512_set1_ps(NEG_INF), l2e = _mm512_set1_ps(LOG2E);
-  for (int64_t r = 0; r < rows; ++r) {
-    __m512 v[GROUP], most = neg;
-    for (int g = 0; g < GROUP; ++g) {
-      v[g] = _mm512_loadu_ps(buf + (r * GROUP + g) * PANEL);
-      most = _mm512_mask_max_ps(most, gm.valid[g], most, v[g]);
-    }
-    __m512 kept = most;
-    if (gm.banned) {  // the block maxima leave the banned tokens out; the sum keeps them
-      kept = neg;
-      for (int g = 0; g < GROUP; ++g) kept = _mm512_mask_max_ps(kept, gm.keep[g], kept, v[g]);
-    }
-    block_max(kept, half, held + r * 16, bm + r * nb);
-    __m512 s = _mm512_loadu_ps(sum + r * 16);
-    if (_mm512_cmp_ps_mask(most, _mm512_set1_ps(ref[r] + 64.0f), _CMP_GT_OQ)) {
-      // the row's first columns, or a maximum far enough above the reference that
-      // e^(x - ref) x V could overflow: the reference moves up to this group's maximum
-      const float moved = _mm512_reduce_max_ps(most);
-      s = _mm512_mul_ps(s, _mm512_set1_ps(std::exp(ref[r] - moved)));
-      ref[r] = moved;
-    }
-    const __m512 shift = _mm512_set1_ps(ref[r] * LOG2E);
-    for (int g = 0; g < GROUP; ++g)  // e^(x - ref) = 2^(x log2(e) - ref log2(e))
-      s = _mm512_mask_add_ps(s, gm.valid[g], s, exp2_small(_mm512_fmsub_ps(v[g], l2e, shift)));
-    _mm512_storeu_ps(sum + r * 16, s);
-  }
-}
-
 // Rows [r0, r0 + rows) at the chunk's columns [c0, c0 + CHUNK) into the thread's sums, and
 // their blocks' maxima into bm [B, nb].
 HEAD_TARGET void chunk_summary(const BFloat16* hidden, int64_t r0, int64_t rows, int64_t kdim, const BFloat16* packed,
                                int64_t c0, int64_t vocab, const int64_t* ban, int64_t nbanned, FusedSums& fs,
                                float* bm, int64_t nb) {
-  constexpr int64_t GCOLS = GROUP * PANEL;
-  static_assert(BLK == 2 * GCOLS && CHUNK % BLK == 0, "a block is two groups, a chunk whole blocks");
+  static_assert(CHUNK % BLK == 0 && GROUP * PANEL == bounded::summary::GCOLS, "a chunk is whole blocks of two groups");
   const int64_t panel = kdim / 2 * 2 * PANEL;
-  for (int64_t blk0 = c0; blk0 < std::min(c0 + CHUNK, vocab); blk0 += BLK) {
-    const bool pair = blk0 + GCOLS < vocab;
-    for (int h = 0; h < (pair ? 2 : 1); ++h) {
-      const int64_t g0 = blk0 + h * GCOLS;
-      const Half half = !pair ? Half::ALONE : h == 0 ? Half::FIRST : Half::SECOND;
-      group_logits(hidden + r0 * kdim, rows, kdim, packed + g0 / PANEL * panel, fs.buf.data());
-      group_summary(fs.buf.data(), rows, group_masks(g0, vocab, ban, nbanned), half, fs.ref.data() + r0,
-                    fs.lanes.data() + r0 * 16, fs.halves.data() + r0 * 16, bm + r0 * nb + blk0 / BLK, nb);
-    }
-  }
+  bounded::summary::chunk_summary(
+      [&](int64_t g0, float* buf) { group_logits(hidden + r0 * kdim, rows, kdim, packed + g0 / PANEL * panel, buf); },
+      r0, rows, c0, CHUNK, vocab, ban, nbanned, fs, bm, nb);
 }
 
 // --- the AMX form -----------------------------------------------------------------------
@@ -319,22 +216,16 @@ AMX_TARGET void chunk_logits_amx(const BFloat16* hidden, int64_t rows, int64_t k
   const int64_t panel = kdim / 2 * 2 * PANEL;
   // at a small contraction the next two panels are asked into L2 a share per call, as
   // group_logits does (a call reads its 2 x 2 KB at K = 64 too briefly for the prefetcher)
-  const int64_t bytes = 2 * panel * static_cast<int64_t>(sizeof(BFloat16));
-  const int64_t calls = std::max<int64_t>(1, (rows + 2 * TILE_ROWS - 1) / (2 * TILE_ROWS));
-  const int64_t lines = bytes <= PREFETCH_BYTES ? bytes / 64 : 0, per = (lines + calls - 1) / calls;
+  const int64_t bytes = 2 * panel * static_cast<int64_t>(sizeof(BFloat16)), calls = (rows + 2 * TILE_ROWS - 1) / (2 * TILE_ROWS);
   for (int64_t col = 0; col < CHUNK; col += 2 * PANEL) {
     const BFloat16* b = packed + (c0 + col) / PANEL * panel;
-    const char* next = reinterpret_cast<const char*>(b + 2 * panel);
-    int64_t line = 0;
-    const auto ask = [&] {
-      for (const int64_t end = std::min(lines, line + per); line < end; ++line) _mm_prefetch(next + line * 64, _MM_HINT_T1);
-    };
+    bounded::summary::Ahead ahead(b + 2 * panel, bytes, calls, PREFETCH_BYTES);
     int64_t r = 0;
     for (; r + 2 * TILE_ROWS <= rows; r += 2 * TILE_ROWS) {
-      ask();
+      ahead.ask();
       amx_block<2>(hidden + r * kdim, kdim, b, panel, kdim / KT, buf + r * LDC + col, LDC);
     }
-    ask();
+    ahead.ask();
     if (r < rows) amx_block<1>(hidden + r * kdim, kdim, b, panel, kdim / KT, buf + r * LDC + col, LDC);
   }
 }
@@ -402,7 +293,7 @@ HEAD_TARGET float exp_sum_blocks(const float* x, int64_t n, float ref, float* su
       const __mmask16 m = lanes(j, end);
       const __m512 v = round_bf16(_mm512_maskz_loadu_ps(m, x + j));
       vmax = _mm512_mask_max_ps(vmax, m, vmax, v);
-      if (sum != nullptr) vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(m, exp2_small(_mm512_mul_ps(_mm512_sub_ps(v, vref), l2e))));
+      if (sum != nullptr) vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(m, bounded::exp2_lean(_mm512_mul_ps(_mm512_sub_ps(v, vref), l2e))));
     }
     const float block = _mm512_reduce_max_ps(vmax);
     if (bmax != nullptr) bmax[b0 / BLK] = block;

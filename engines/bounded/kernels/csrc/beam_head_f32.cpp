@@ -4,10 +4,12 @@
 // without native bf16 (Zen 3, Ice Lake).
 //
 // head_gemm_summary_f32: the GEMM hidden [B, K] x weight [V, K]^T, chunk by chunk of CHUNK
-// vocabulary columns split between torch's threads. A chunk's logits go to a small buffer in
-// L2 and are summarised there while hot: each row's log-sum-exp (every token, the banned ones
-// too: the log-softmax normalises before EOS is banned) and the maximum of each block of BLK
-// tokens (the banned ones -inf). head_choose_f32: the choice of beams from that summary
+// vocabulary columns split between torch's threads. The logits go to a small buffer -- a
+// group of 64 columns for a block of rows where the library is built for AVX-512
+// (head_summary.h, as the bf16 head's: [100, 64] x [64, 151,936] 19.9 -> 10.1 ms on two
+// Emerald Rapids cores), a chunk's on AVX2 -- and are summarised there while hot: each row's
+// log-sum-exp (every token, the banned ones too: the log-softmax normalises before EOS is
+// banned) and the maximum of each block of BLK tokens (the banned ones -inf). head_choose_f32: the choice of beams from that summary
 // (beam_choice.h), the chosen blocks' logits computed again by the same micro-kernel.
 //
 // The weight is packed once (pack_head_f32) into panels of 16 columns, [K, 16] each, so a
@@ -15,7 +17,7 @@
 // columns of FMA. Every logit is summed over K in the same order whatever the rows, so the
 // recomputed blocks are the summary's values exactly; head_logits_f32 writes the same logits
 // (a choice that reads logits; tests). Built with -mavx2 -mfma (native.py); with -mavx512f
-// on a CPU that has it, where chunk_logits takes two panels per micro-kernel call.
+// -mavx512dq on a CPU that has them, where a micro-kernel call takes two panels.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
@@ -25,6 +27,7 @@
 
 #include "beam_choice.h"
 #include "f32_kernels.h"
+#include "head_summary.h"
 
 #include <algorithm>
 #include <array>
@@ -83,19 +86,37 @@ constexpr int64_t STEP = PANEL;
 // panel (4 KB at K = 64) too briefly for the hardware's prefetcher to run ahead, so the next
 // panel is asked into L2 a share per call (as beam_head.cpp's group_logits).
 void chunk_logits(const float* hidden, int64_t rows, int64_t kdim, const float* packed, int64_t c0, float* buf) {
-  const int64_t bytes = kdim * STEP * static_cast<int64_t>(sizeof(float)), calls = std::max<int64_t>(1, (rows + MR - 1) / MR);
-  const int64_t lines = bytes <= PREFETCH_BYTES ? bytes / 64 : 0, per = (lines + calls - 1) / calls;
+  const int64_t bytes = kdim * STEP * static_cast<int64_t>(sizeof(float)), calls = (rows + MR - 1) / MR;
   for (int64_t col = 0; col < CHUNK; col += STEP) {  // STEP: one panel, or two on AVX-512
     const float* panel = packed + (c0 + col) / PANEL * kdim * PANEL;
-    const char* next = reinterpret_cast<const char*>(panel + kdim * STEP);
-    int64_t line = 0;
+    bounded::summary::Ahead ahead(panel + kdim * STEP, bytes, calls, PREFETCH_BYTES);
     for (int64_t r = 0; r < rows; r += MR) {
-      for (const int64_t end = std::min(lines, line + per); line < end; ++line)
-        _mm_prefetch(next + line * 64, _MM_HINT_T1);
+      ahead.ask();
       PAIRS[std::min<int64_t>(MR, rows - r) - 1](hidden + r * kdim, kdim, panel, kdim, buf + r * CHUNK + col, CHUNK);
     }
   }
 }
+
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+// The AVX-512 build's summary, group by group (head_summary.h): buf[rows, 64] = the logits of
+// `rows` hidden rows at the four panels from b, two micro-kernel calls of two panels each per
+// 6 rows, the next group's panels asked into L2 meanwhile.
+void group_logits(const float* hidden, int64_t rows, int64_t kdim, const float* b, float* buf) {
+  using bounded::summary::GCOLS;
+  const int64_t panel = kdim * PANEL;
+  bounded::summary::Ahead ahead(b + GCOLS * kdim, GCOLS * kdim * static_cast<int64_t>(sizeof(float)),
+                                (rows + MR - 1) / MR, PREFETCH_BYTES);
+  for (int64_t r = 0; r < rows; r += MR) {
+    ahead.ask();
+    const Micro pair = PAIRS[std::min<int64_t>(MR, rows - r) - 1];
+    pair(hidden + r * kdim, kdim, b, kdim, buf + r * GCOLS, GCOLS);
+    pair(hidden + r * kdim, kdim, b + 2 * panel, kdim, buf + r * GCOLS + 2 * PANEL, GCOLS);
+  }
+}
+#endif
+
+#if !(defined(__AVX512F__) && defined(__AVX512DQ__))
+// The AVX2 build's summary, chunk by chunk: a chunk's logits in buf, row by row.
 
 inline float hmax(__m256 v) {
   __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -150,6 +171,7 @@ void summarise(float* x, int64_t n, int64_t c0, RowSum& st, const int64_t* banne
     }
   if (any) exp_sum_blocks(x, n, 0.0f, nullptr, bmax);
 }
+#endif
 
 bool supported() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 
@@ -221,6 +243,20 @@ std::tuple<at::Tensor, at::Tensor> head_gemm_summary_f32(const at::Tensor& hidde
   float* bm = bmax.data_ptr<float>();
   // each thread summarises its share of the chunks for every row, merged after
   std::vector<std::vector<RowSum>> sums(at::get_num_threads(), std::vector<RowSum>(b));
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+  at::parallel_for(0, chunks, 1, [&](int64_t c_begin, int64_t c_end) {
+    bounded::summary::FusedSums fs(b, step);
+    for (int64_t c = c_begin; c < c_end; ++c)
+      for (int64_t r0 = 0; r0 < b; r0 += step) {
+        const int64_t rows = std::min(step, b - r0);
+        bounded::summary::chunk_summary(
+            [&](int64_t g0, float* buf) { group_logits(h + r0 * kdim, rows, kdim, pk + g0 / PANEL * kdim * PANEL, buf); },
+            r0, rows, c * CHUNK, CHUNK, vocab, bp, nbanned, fs, bm, nb);
+      }
+    auto& mine = sums[at::get_thread_num()];
+    for (int64_t r = 0; r < b; ++r) mine[r] = bounded::combine(mine[r], fs.row(r));
+  });
+#else
   at::parallel_for(0, chunks, 1, [&](int64_t c_begin, int64_t c_end) {
     auto& mine = sums[at::get_thread_num()];
     std::vector<float> buf(step * CHUNK);
@@ -232,6 +268,7 @@ std::tuple<at::Tensor, at::Tensor> head_gemm_summary_f32(const at::Tensor& hidde
           summarise(buf.data() + r * CHUNK, n, c * CHUNK, mine[r0 + r], bp, nbanned, bm + (r0 + r) * nb + c * (CHUNK / BLK));
       }
   });
+#endif
   bounded::merge_sums(sums, b, lse.data_ptr<float>());
   return {lse, bmax};
 }

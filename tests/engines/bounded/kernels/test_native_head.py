@@ -72,13 +72,20 @@ def test_native_top_k_is_the_exact_top_k_of_the_log_probabilities(ops, r, w, hid
 
 @pytest.mark.parametrize("rows,hidden,vocab,banned,late", [(100, 64, 5000, [0, 127, 128, 4999], 1),
                                                              (13, 96, 1203, [64], 40), (7, 896, 700, [], 1),
-                                                             (1, 32, 129, [128], 40)])
-def test_native_summary_is_the_log_sum_exp_and_block_maxima_of_the_logits(ops, rows, hidden, vocab, banned, late):
-    x, weight = _case(rows * 7 + vocab, rows, hidden, vocab)
-    weight[vocab // 2:] *= late  # 40: later columns far above the first ones, the running reference moves
-    packed = ops.pack_head_bf16(weight)
-    lse, block_max = ops.head_gemm_summary_bf16(x, packed, vocab, torch.tensor(banned, dtype=torch.int64))
-    logits = ops.head_logits_bf16(x, packed, vocab).double()  # the values the summary sees
+                                                             (1, 32, 129, [128], 40), (130, 64, 1000, [63, 64], 40)])
+@pytest.mark.parametrize("form", ["bf16", "f32"])
+def test_native_summary_is_the_log_sum_exp_and_block_maxima_of_the_logits(request, form, rows, hidden, vocab, banned,
+                                                                          late):
+    """Both heads' summaries (the float32 one group by group where its library is built for
+    AVX-512, chunk by chunk on AVX2): two blocks of rows (130), banned ids at a group's edges,
+    later columns far above the first ones (late = 40: the running reference moves)."""
+    ops = request.getfixturevalue("ops" if form == "bf16" else "ops32")
+    x, weight = _case(rows * 7 + vocab, rows, hidden, vocab) if form == "bf16" else _case32(rows * 7 + vocab, rows,
+                                                                                               hidden, vocab)
+    weight[vocab // 2:] *= late
+    packed = getattr(ops, f"pack_head_{form}")(weight)
+    lse, block_max = getattr(ops, f"head_gemm_summary_{form}")(x, packed, vocab, torch.tensor(banned, dtype=torch.int64))
+    logits = getattr(ops, f"head_logits_{form}")(x, packed, vocab).double()  # the values the summary sees
     want = logits.logsumexp(-1)
     # float32 rounding of numbers the size of the lse (exp's own error: < 2e-7)
     torch.testing.assert_close(lse.double(), want, rtol=0, atol=1e-6 * max(1.0, want.abs().max().item()))
