@@ -169,6 +169,22 @@ inline float exp_row_at(float* row, int64_t n, float scale, int64_t width, float
 #endif
 }
 
+// row[0:n] *= s
+inline void scale_row(float* row, int64_t n, float s) {
+#if defined(__AVX512F__)
+  const __m512 v = _mm512_set1_ps(s);
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = j + 16 <= n ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - j)) - 1);
+    _mm512_mask_storeu_ps(row + j, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + j), v));
+  }
+#else
+  const Vec v(s);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) (Vec::loadu(row + j) * v).store(row + j);
+  for (; j < n; ++j) row[j] *= s;
+#endif
+}
+
 // exp_row_at at the row's own maximum: a softmax row's exponentials and their sum.
 inline float exp_row(float* row, int64_t n, float scale, int64_t width) {
   return exp_row_at(row, n, scale, width, row_max(row, n));

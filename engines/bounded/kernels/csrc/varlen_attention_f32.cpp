@@ -12,8 +12,9 @@
 // contiguous columns) and V is gathered once into contiguous rows; per block of BLOCK query
 // rows, whose keys stop at its last row (the upper blocks of the causal triangle are never
 // computed), and per query head of the group: scores = Q K^T, scaled, masked, softmax in
-// float32 (the exponentials summed as they are written, the division deferred to the output
-// rows), P V. Both GEMMs run one register-tiled micro-kernel (6 rows x 16 columns, or 32 on AVX-512; FMA;
+// float32 (the exponentials summed as they are written, then the row divided by the sum), P V
+// written where the output lies (a head dim not a multiple of 16: through a buffer, the
+// division deferred to its rows). Both GEMMs run one register-tiled micro-kernel (6 rows x 16 columns, or 32 on AVX-512; FMA;
 // f32_kernels.h, shared with the beam step's attention).
 // A second entry, varlen_attention_rope_f32, takes the qkv projection as its GEMM gave it and
 // RMS-norms (Qwen3's q/k norms) and rotates q and k itself as it reads them, like the bf16
@@ -46,6 +47,7 @@ using bounded::f32::exp_row;
 using bounded::f32::gemm;
 using bounded::f32::hsum;
 using bounded::f32::round_up;
+using bounded::f32::scale_row;
 using bounded::f32::transpose8;
 
 struct Rows {             // q/k/v [T, H, D], rows `stride` elements apart
@@ -66,7 +68,37 @@ struct Prep {             // the fused entry: q/k as projected, RMS-normed (weig
 
 // dst[0:d] = rotate(norm(src)) for one head's row at position `pos`, as the graph's norm +
 // RoPE computes it: x * rsqrt(mean(x^2) + eps) * w (no norm where w is nullptr), then the
-// rotate-half form x * cos + (-x_hi, x_lo) * sin. d % 16 == 0, d <= 512.
+// rotate-half form x * cos + (-x_hi, x_lo) * sin. d % 16 == 0, d <= 512. 16 lanes at a time
+// where the library is built for AVX-512 (a half row's last vector masked where d / 2 is not
+// a multiple of 16), else 8.
+#if defined(__AVX512F__)
+void prep_row(const float* src, const float* w, const Prep& p, int64_t pos, int64_t d, float* dst) {
+  alignas(64) float x[512];
+  const float* y = src;
+  if (w != nullptr) {
+    __m512 ss = _mm512_setzero_ps();
+    for (int64_t c = 0; c < d; c += 16) {
+      const __m512 a = _mm512_loadu_ps(src + c);
+      ss = _mm512_fmadd_ps(a, a, ss);
+    }
+    const __m512 r = _mm512_set1_ps(1.0f / std::sqrt(_mm512_reduce_add_ps(ss) / static_cast<float>(d) + p.eps));
+    for (int64_t c = 0; c < d; c += 16)
+      _mm512_store_ps(x + c, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(src + c), r), _mm512_loadu_ps(w + c)));
+    y = x;
+  }
+  const int64_t h = d / 2;
+  const float* cs = p.cos + pos * d;
+  const float* sn = p.sin + pos * d;
+  for (int64_t c = 0; c < h; c += 16) {
+    const __mmask16 m = c + 16 <= h ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (h - c)) - 1);
+    const __m512 lo = _mm512_maskz_loadu_ps(m, y + c), hi = _mm512_maskz_loadu_ps(m, y + c + h);
+    _mm512_mask_storeu_ps(dst + c, m, _mm512_fnmadd_ps(hi, _mm512_maskz_loadu_ps(m, sn + c),
+                                                       _mm512_mul_ps(lo, _mm512_maskz_loadu_ps(m, cs + c))));
+    _mm512_mask_storeu_ps(dst + c + h, m, _mm512_fmadd_ps(lo, _mm512_maskz_loadu_ps(m, sn + c + h),
+                                                           _mm512_mul_ps(hi, _mm512_maskz_loadu_ps(m, cs + c + h))));
+  }
+}
+#else
 void prep_row(const float* src, const float* w, const Prep& p, int64_t pos, int64_t d, float* dst) {
   alignas(32) float x[512];
   const float* y = src;
@@ -91,6 +123,7 @@ void prep_row(const float* src, const float* w, const Prep& p, int64_t pos, int6
                      _mm256_fmadd_ps(lo, _mm256_loadu_ps(sn + c + h), _mm256_mul_ps(hi, _mm256_loadu_ps(cs + c + h))));
   }
 }
+#endif
 
 // Rows of q/k/v lie a whole projection apart: the hardware prefetcher does not follow them,
 // so the rows AHEAD of the one being prepared are requested early (as in the bf16 kernel).
@@ -112,10 +145,13 @@ void run_unit(const Unit& u, const Rows& x, const Prep& prep, float* out, int64_
   const int64_t keys = u.pre_len + (u.own1 - u.own0);
   const int64_t ldk = round_up(keys, 16), ldv = round_up(d, 16);
   auto key_row = [&](int64_t j) { return j < u.pre_len ? u.pre0 + j : u.own0 + (j - u.pre_len); };
-  // once per unit: kt[c * ldk + j] = K[j][c]; vt[j * ldv + c] = V[j][c]; the padding zero (a
-  // block's P V runs over its width rounded up to 8 keys, whose probabilities are zero)
-  w.kt.assign(d * ldk, 0.0f);
-  w.vt.assign(ldk * ldv, 0.0f);
+  // once per unit: kt[c * ldk + j] = K[j][c]; vt[j * ldv + c] = V[j][c]. V's padding rows
+  // zero (a block's P V runs over its width rounded up to 8 keys, whose probabilities are
+  // zero: 0 x a stale inf would be nan); K's padding columns only make scores past a row's
+  // keys, which exp_row overwrites
+  w.kt.resize(d * ldk);
+  w.vt.resize(ldk * ldv);
+  std::fill(w.vt.begin() + keys * ldv, w.vt.begin() + ldk * ldv, 0.0f);
   // the keys' rows: prepared (normed + rotated) into scratch first where the entry prepares
   // them, else read where they lie
   auto k_at = [&](int64_t j) { return x.k + key_row(j) * x.ks + u.head * d; };
@@ -165,18 +201,28 @@ void run_unit(const Unit& u, const Rows& x, const Prep& prep, float* out, int64_
         lda = d;
       }
       gemm(qa, lda, m, w.kt.data(), ldk, d, seen, w.scores.data(), ldk);
+      float* o = out + r0 * hq * d + h * d;
+      if (d % 16 == 0) {  // the probabilities normalised, and P V written where the output lies
+        for (int64_t r = 0; r < m; ++r) {
+          const int64_t valid = u.pre_len + (r0 + r - u.own0) + 1;  // causal: keys up to this row
+          float* row = w.scores.data() + r * ldk;
+          scale_row(row, valid, 1.0f / exp_row(row, valid, scale, width));
+        }
+        gemm(w.scores.data(), ldk, m, w.vt.data(), ldv, width, d, o, hq * d);
+        continue;
+      }
       for (int64_t r = 0; r < m; ++r) {
-        const int64_t valid = u.pre_len + (r0 + r - u.own0) + 1;  // causal: keys up to this row
+        const int64_t valid = u.pre_len + (r0 + r - u.own0) + 1;
         w.sums[r] = exp_row(w.scores.data() + r * ldk, valid, scale, width);
       }
       gemm(w.scores.data(), ldk, m, w.vt.data(), ldv, width, d, w.acc.data(), ldv);
-      for (int64_t r = 0; r < m; ++r) {
+      for (int64_t r = 0; r < m; ++r) {  // a head dim gemm cannot write in place (columns past d)
         const Vec inv(1.0f / w.sums[r]);
-        float* o = out + (r0 + r) * hq * d + h * d;
         const float* a = w.acc.data() + r * ldv;
+        float* orow = o + r * hq * d;
         int64_t c = 0;
-        for (; c + Vec::size() <= d; c += Vec::size()) (Vec::loadu(a + c) * inv).store(o + c);
-        for (; c < d; ++c) o[c] = a[c] / w.sums[r];
+        for (; c + Vec::size() <= d; c += Vec::size()) (Vec::loadu(a + c) * inv).store(orow + c);
+        for (; c < d; ++c) orow[c] = a[c] / w.sums[r];
       }
     }
   }

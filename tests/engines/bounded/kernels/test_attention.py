@@ -282,7 +282,7 @@ def test_native_float32_attention_is_the_exact_one_to_float32_rounding(f32_kerne
 
 
 @pytest.mark.parametrize("norms", [True, False])  # Qwen3's q/k norms; Qwen2 has none
-@pytest.mark.parametrize("hq, hkv, d", [(8, 2, 64), (4, 2, 32), (16, 8, 128)])
+@pytest.mark.parametrize("hq, hkv, d", [(8, 2, 64), (4, 2, 32), (16, 8, 128), (6, 2, 48)])  # 48: half a row 24 wide
 def test_native_float32_attention_norms_and_rotates_the_projection_itself(f32_kernel, norms, hq, hkv, d):
     """The float32 fused entry on a qkv projection against the exact concatenations (float64)
     of q/k normed and rotated in float64 by torch: queries with items included, positions
