@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import functools
 import platform
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Mapping
+from typing import Callable, Mapping, TypeVar
+
+T = TypeVar("T")
 
 # the CPU flags (as /proc/cpuinfo spells them) that decide which precisions run natively
 PRECISION_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "avx_vnni",
@@ -112,6 +115,31 @@ def onednn_packs_bf16() -> bool:
     return {"avx512bw", "avx512vl", "avx512dq"} <= flags or "avx_ne_convert" in flags
 
 
+def on_own_thread(fn: Callable[[], T]) -> T:
+    """fn() on a thread of its own, joined: for CPU work (a rate probe) outside the model
+    thread. GNU OpenMP (torch's) gives each thread that opens a parallel region a team of its
+    own, kept while that thread lives; once the process's teams outnumber the CPUs, every
+    team's idle workers sleep at once instead of spinning, and each parallel region wakes them
+    through the kernel. A probe run on the caller's (main) thread made every later small GEMM
+    on the engine's model thread ~2x slower: [384, 64] x [64, 256] on 2 threads, 41 -> 94 us
+    (an Emerald Rapids, torch 2.13). A thread that ends takes its team with it."""
+    out: list[T] = []
+    error: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except BaseException as e:  # re-raised on the caller's thread
+            error.append(e)
+
+    t = threading.Thread(target=run, name="cpu-probe")
+    t.start()
+    t.join()
+    if error:
+        raise error[0]
+    return out[0]
+
+
 # The shape `cpu_gemm_gflops` times: a layer's MLP GEMM of a 0.5-1B model over a few hundred rows.
 RATE_SHAPE = (512, 1024, 2048)
 
@@ -124,7 +152,12 @@ def cpu_gemm_gflops(dtypes: tuple[str, ...]) -> Mapping[str, float]:
 
     A CPU flag says that an instruction exists, not that it is fast: a Sapphire/Emerald Rapids
     whose hypervisor hides AMX runs bf16 GEMMs on AVX512-BF16 at ~0.6x its float32 rate, a
-    Zen 4 at ~2.4x (both measured with torch 2.13 on 2 cores)."""
+    Zen 4 at ~2.4x (both measured with torch 2.13 on 2 cores). Timed on a thread of its own
+    (`on_own_thread`)."""
+    return on_own_thread(lambda: _gemm_gflops(dtypes))
+
+
+def _gemm_gflops(dtypes: tuple[str, ...]) -> Mapping[str, float]:
     import time
 
     import torch

@@ -127,12 +127,14 @@ def measure_cpu(caps: Capabilities, seconds: float = 0.25) -> dict[str, dict[str
     otherwise each call's output over glibc's mmap threshold is mapped afresh and faulted in
     page by page, which is the kernel's time, not the GEMM's (an int8 [1,440, 1,024] x
     [1,024, 6,144] with its 35 MB float32 output read 1.2 TOP/s that way on a Xeon with AMX,
-    ~4 held)."""
+    ~4 held). On a thread of its own (engines/hardware.on_own_thread): a team of OpenMP
+    threads left on the caller's thread would slow every engine the process runs after."""
     from engines.bounded.runtime import memory
+    from engines.hardware import on_own_thread
 
     held = memory.keep_freed_memory()
     try:
-        return _measure_cpu(caps, seconds)
+        return on_own_thread(lambda: _measure_cpu(caps, seconds))
     finally:
         held.release()
 

@@ -53,3 +53,19 @@ def test_real_probe_reads_this_machines_flags():
     flags = set(next(l for l in text.splitlines() if l.startswith("flags")).split(":", 1)[1].split())
     assert caps.flags == flags & set(PRECISION_FLAGS)
     assert caps.native("bfloat16") == bool({"avx512_bf16", "amx_bf16"} & flags)
+
+
+def test_on_own_thread_runs_elsewhere_and_returns_or_raises():
+    """The rate probes run on a thread that ends with them (its OpenMP team with it): the
+    value comes back, an exception is raised on the caller's thread, and the probe's thread
+    is gone after."""
+    import threading
+
+    from engines.hardware import on_own_thread
+
+    caller = threading.get_ident()
+    ran_on = on_own_thread(threading.get_ident)
+    assert ran_on != caller
+    assert all(t.ident != ran_on for t in threading.enumerate())
+    with pytest.raises(ZeroDivisionError):
+        on_own_thread(lambda: 1 / 0)
