@@ -46,10 +46,15 @@ def unfrozen_for_prefill(device: torch.device, policy: PrecisionPolicy) -> bool:
 Graph = Callable[..., Any]
 
 # A CPU call of less work than this runs on the calling thread alone: splitting each of its
-# ~100 small kernels across the OpenMP team costs more in fork/join barriers than it saves
-# (the tiny model's 15-sample scoring call, ~0.1 GFLOP: 2.5 ms on one thread, 11 ms on two
-# with the other core busy), and a team member a busy core has descheduled stalls them all.
-SERIAL_FLOPS = 2e8
+# small kernels across the OpenMP team costs more in fork/join barriers than it saves, and a
+# team member a busy core has descheduled stalls them all. It was 2e8, which put the tiny
+# model's 15-sample scoring call (~0.07 GFLOP) on one thread (a Zen 3: 2.5 ms on one, 11 on
+# two with the other core busy). Since the rate probes stopped leaving an OpenMP team on the
+# caller's thread (engines/hardware.on_own_thread), two threads win there: Emerald Rapids
+# with AMX hidden, `bench run scenarios/tiny_scoring.yaml --engine bounded --requests 300`,
+# alternated: c=1 2.6 / 1.9 ms against 3.5 / 2.8 on one thread, c=4 534 / 542 against
+# 340 / 464 requests/s (2026-12-07).
+SERIAL_FLOPS = 2e7
 # ... unless it streams more than this from memory: one core's share of the bandwidth is then
 # the bound (a beam's first step: the 19 MB head weight for one row, usually fetched from DRAM
 # again after the request's other work; Zen 4: 1.8 ms on one thread, 0.9 on two).
