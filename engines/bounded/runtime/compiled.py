@@ -31,17 +31,33 @@ from engines.hardware import cpu_flags
 INDUCTOR_CONFIGS: dict[str, Any] = {"freezing": True}
 
 
-def unfrozen_for_prefill(device: torch.device, policy: PrecisionPolicy) -> bool:
-    """Compile a prefill-sized (M >= ~1,000 token rows) package without freezing? On a CPU
-    with AMX in a plan of dense bf16 GEMMs: there the frozen graph's oneDNN inner product on
+# A float32 plan's layers with no more than this hidden size (the tiny models) compile
+# without freezing: see unfrozen_for_prefill.
+SMALL_HIDDEN = 256
+
+
+def unfrozen_for_prefill(device: torch.device, policy: PrecisionPolicy, hidden: int) -> bool:
+    """Compile a prefill package without freezing (`hidden`: the model's hidden size)? On a
+    CPU with AMX in a plan of dense bf16 GEMMs: there the frozen graph's oneDNN inner product on
     the prepacked constants runs slower than oneDNN's matmul on the plain weights the
     unfrozen graph passes (ONEDNN_VERBOSE, the same brg_matmul AMX kernel: prefill_15's
     GEMMs 1,180 vs 740 ms a request on 2026-12-03, the constants then 16 bytes off their
     cache lines; aligned (aligned.py), 1,278 vs 1,091 ms for two requests on 2026-12-06),
     while at the beam step's 100 rows freezing stays ahead (100 vs 115 ms). int8 groups need
-    freezing (it lowers them to oneDNN's qlinear); without AMX freezing is the faster form."""
-    return (device.type == "cpu" and policy.dtype == "bfloat16" and not policy.low_precision_groups()
-            and "amx_bf16" in cpu_flags())
+    freezing (it lowers them to oneDNN's qlinear); without AMX freezing is the faster form --
+    but for a float32 plan of a tiny model, whose GEMMs (K = 64, 128) are mostly the call's
+    fixed cost, which aten's mm (MKL) has less of than the prepacked oneDNN linear: [384, 64]
+    x [64, 256] and [384, 128] x [128, 64], 45.5 / 28.0 against 67.5 / 36.7 us, and `bench run
+    scenarios/tiny_scoring.yaml --engine bounded --requests 300` 1.5 / 2.1 ms against 2.2 / 2.4
+    frozen, alternated (an Emerald Rapids with AMX hidden, 2026-12-07)."""
+    if device.type != "cpu":
+        return False
+    if policy.low_precision_groups():
+        return False
+    if policy.dtype == "float32":
+        return hidden <= SMALL_HIDDEN
+    return policy.dtype == "bfloat16" and "amx_bf16" in cpu_flags()
+
 
 Graph = Callable[..., Any]
 

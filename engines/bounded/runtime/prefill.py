@@ -31,7 +31,7 @@ class PrefillRuntime(CompiledRuntime):
         super().__init__(model_dir, policy, device, compile_mode, log, attention, max_len=plan.max_len,
                          kernel_profile=kernel_profile)
         self.plan = plan
-        if unfrozen_for_prefill(self.device, policy):
+        if unfrozen_for_prefill(self.device, policy, read_model_config(self.model_dir).hidden):
             self.inductor = {**self.inductor, "freezing": False}
         self.buffers: Optional[PackBuffers] = None
         self._graph: Optional[Graph] = None

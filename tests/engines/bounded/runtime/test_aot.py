@@ -76,16 +76,21 @@ def test_build_copies_of_a_package_are_dropped_from_inductors_cache(tmp_path, mo
     assert "left Inductor's build files in place" in logged[-1]
 
 
-def test_prefill_packages_are_unfrozen_only_for_dense_bf16_on_amx(monkeypatch):
+def test_prefill_packages_are_unfrozen_for_dense_bf16_on_amx_and_tiny_float32_models(monkeypatch):
     import torch
 
     from engines.bounded.model.precision import PrecisionPolicy
     from engines.bounded.runtime import compiled
 
-    cpu, bf16 = torch.device("cpu"), PrecisionPolicy("bfloat16")
+    cpu, bf16, f32 = torch.device("cpu"), PrecisionPolicy("bfloat16"), PrecisionPolicy("float32")
+    big, tiny = 896, 64  # hidden sizes: qwen2.5-0.5b, the tiny models
     monkeypatch.setattr(compiled, "cpu_flags", lambda: frozenset({"avx512_bf16", "amx_bf16"}))
-    assert compiled.unfrozen_for_prefill(cpu, bf16)
-    assert not compiled.unfrozen_for_prefill(cpu, PrecisionPolicy("bfloat16", gemm={"gate_up": "int8"}))  # qlinear needs freezing
-    assert not compiled.unfrozen_for_prefill(cpu, PrecisionPolicy("float32"))
+    assert compiled.unfrozen_for_prefill(cpu, bf16, big)
+    assert not compiled.unfrozen_for_prefill(cpu, PrecisionPolicy("bfloat16", gemm={"gate_up": "int8"}), big)  # qlinear needs freezing
+    assert not compiled.unfrozen_for_prefill(cpu, f32, big)
+    assert compiled.unfrozen_for_prefill(cpu, f32, tiny)  # aten's mm: less fixed cost at K = 64
+    assert not compiled.unfrozen_for_prefill(cpu, PrecisionPolicy("float32", gemm={"gate_up": "int8"}), tiny)
+    assert not compiled.unfrozen_for_prefill(torch.device("cuda"), f32, tiny)
     monkeypatch.setattr(compiled, "cpu_flags", lambda: frozenset({"avx512_bf16"}))  # Zen 4: freezing is faster
-    assert not compiled.unfrozen_for_prefill(cpu, bf16)
+    assert not compiled.unfrozen_for_prefill(cpu, bf16, big)
+    assert not compiled.unfrozen_for_prefill(cpu, bf16, tiny)

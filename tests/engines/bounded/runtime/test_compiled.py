@@ -85,14 +85,18 @@ def test_compile_once_then_load_and_recompile_on_key_change(engine_factory, cach
     assert _package(bf16)["compiled_now"] is True
     assert _package(bf16)["package"] != d["package"]
     assert len(list(cache.glob("compiled/*.pt2"))) == 2
-    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        from engines.bounded.model.precision import PrecisionPolicy
-        from engines.bounded.runtime.compiled import unfrozen_for_prefill
-        calls = _extern_calls(_package(bf16)["package"])
-        if unfrozen_for_prefill(torch.device("cpu"), PrecisionPolicy("bfloat16")):  # AMX: plain weights, oneDNN's matmul
-            assert "aoti_torch_cpu_mm_out" in calls and "aoti_torch_cpu__linear_pointwise" not in calls, calls
+    from engines.bounded.model.families import read_model_config
+    from engines.bounded.model.precision import PrecisionPolicy
+    from engines.bounded.runtime.compiled import unfrozen_for_prefill
+    hidden = read_model_config(first.config.model_dir).hidden
+    packages = [(first, "float32")] + [(bf16, "bfloat16")] * torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    for engine, dtype in packages:
+        calls = _extern_calls(_package(engine)["package"])
+        # unfrozen (AMX bf16; a tiny float32 model): plain weights, aten's or oneDNN's matmul
+        if unfrozen_for_prefill(torch.device("cpu"), PrecisionPolicy(dtype), hidden):
+            assert "aoti_torch_cpu_mm_out" in calls and "aoti_torch_cpu__linear_pointwise" not in calls, (dtype, calls)
         else:  # the layers' GEMMs use prepacked oneDNN weights
-            assert "aoti_torch_cpu__linear_pointwise" in calls, calls
+            assert "aoti_torch_cpu__linear_pointwise" in calls, (dtype, calls)
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available() or not onednn_int8_exact(),
