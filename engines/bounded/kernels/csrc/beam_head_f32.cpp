@@ -9,8 +9,9 @@
 // (head_summary.h, as the bf16 head's: [100, 64] x [64, 151,936] 19.9 -> 10.1 ms on two
 // Emerald Rapids cores), a chunk's on AVX2 -- and are summarised there while hot: each row's
 // log-sum-exp (every token, the banned ones too: the log-softmax normalises before EOS is
-// banned) and the maximum of each block of BLK tokens (the banned ones -inf). head_choose_f32: the choice of beams from that summary
-// (beam_choice.h), the chosen blocks' logits computed again by the same micro-kernel.
+// banned) and the maximum of each block of BLK tokens (the banned ones -inf).
+// head_choose_f32: the choice of beams from that summary (beam_choice.h), the chosen
+// blocks' logits computed again by the same micro-kernel.
 //
 // The weight is packed once (pack_head_f32) into panels of 16 columns, [K, 16] each, so a
 // micro-kernel step reads one row of a panel as two vectors; the micro-kernel is 6 rows x 16
