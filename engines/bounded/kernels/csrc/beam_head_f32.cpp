@@ -68,7 +68,7 @@ void micro(const float* a, int64_t lda, const float* b, int64_t kdim, float* c, 
 using Micro = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t);
 constexpr std::array<Micro, MR> MICROS = {&micro<1>, &micro<2>, &micro<3>, &micro<4>, &micro<5>, &micro<6>};
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
 // Two neighbouring panels at once on 512-bit registers (the library's AVX-512 build): the
 // same logits, bit for bit, as two calls of micro (f32_kernels.h: micro_pair).
 template <int R>

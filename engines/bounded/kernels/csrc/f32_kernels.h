@@ -16,6 +16,7 @@
 #include <limits>
 
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
+#include "head_summary.h"  // lanes: a vector's mask at a row's end
 #include "lean_exp.h"
 #endif
 
@@ -63,7 +64,7 @@ using Micro = void (*)(const float*, int64_t, const float*, int64_t, int64_t, fl
 
 constexpr int64_t MR = 6;  // rows per micro-kernel call: 12 accumulators + 2 of b + 1 broadcast of 16 registers
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
 // micro's 32-column form where the library is built for AVX-512 (native.py, on a CPU with
 // avx512f): the same 6 rows on 512-bit registers, twice the columns per FMA (Ice Lake, a
 // Sapphire Rapids whose AMX is hidden, Zen 4's float32 hold-out plans). Columns 0-15 come
@@ -107,7 +108,7 @@ inline void gemm(const float* a, int64_t lda, int64_t m, const float* b, int64_t
           int64_t ldc) {
   static constexpr std::array<Micro, MR> table = {&micro<1>, &micro<2>, &micro<3>, &micro<4>, &micro<5>, &micro<6>};
   int64_t j = 0;
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
   static constexpr std::array<Micro, MR> wide = {&micro32<1>, &micro32<2>, &micro32<3>,
                                                  &micro32<4>, &micro32<5>, &micro32<6>};
   for (; j + 32 <= round_up(n, 16); j += 32) {
@@ -147,7 +148,7 @@ inline float exp_row_at(float* row, int64_t n, float scale, int64_t width, float
   const __m512 a = _mm512_set1_ps(scale * LOG2E), b = _mm512_set1_ps(-mx * scale * LOG2E);
   __m512 vsum = _mm512_setzero_ps();
   for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 m = j + 16 <= n ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - j)) - 1);
+    const __mmask16 m = bounded::summary::lanes(j, n);
     const __m512 e = _mm512_maskz_mov_ps(m, exp2_lean(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, row + j), a, b)));
     _mm512_mask_storeu_ps(row + j, m, e);
     vsum = _mm512_add_ps(vsum, e);
@@ -171,10 +172,10 @@ inline float exp_row_at(float* row, int64_t n, float scale, int64_t width, float
 
 // row[0:n] *= s
 inline void scale_row(float* row, int64_t n, float s) {
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
   const __m512 v = _mm512_set1_ps(s);
   for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 m = j + 16 <= n ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - j)) - 1);
+    const __mmask16 m = bounded::summary::lanes(j, n);
     _mm512_mask_storeu_ps(row + j, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + j), v));
   }
 #else

@@ -71,7 +71,7 @@ struct Prep {             // the fused entry: q/k as projected, RMS-normed (weig
 // rotate-half form x * cos + (-x_hi, x_lo) * sin. d % 16 == 0, d <= 512. 16 lanes at a time
 // where the library is built for AVX-512 (a half row's last vector masked where d / 2 is not
 // a multiple of 16), else 8.
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
 void prep_row(const float* src, const float* w, const Prep& p, int64_t pos, int64_t d, float* dst) {
   alignas(64) float x[512];
   const float* y = src;
@@ -90,7 +90,7 @@ void prep_row(const float* src, const float* w, const Prep& p, int64_t pos, int6
   const float* cs = p.cos + pos * d;
   const float* sn = p.sin + pos * d;
   for (int64_t c = 0; c < h; c += 16) {
-    const __mmask16 m = c + 16 <= h ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (h - c)) - 1);
+    const __mmask16 m = bounded::summary::lanes(c, h);
     const __m512 lo = _mm512_maskz_loadu_ps(m, y + c), hi = _mm512_maskz_loadu_ps(m, y + c + h);
     _mm512_mask_storeu_ps(dst + c, m, _mm512_fnmadd_ps(hi, _mm512_maskz_loadu_ps(m, sn + c),
                                                        _mm512_mul_ps(lo, _mm512_maskz_loadu_ps(m, cs + c))));
