@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
@@ -69,19 +70,45 @@ Graph = Callable[..., Any]
 # caller's thread (engines/hardware.on_own_thread), two threads win there: Emerald Rapids
 # with AMX hidden, `bench run scenarios/tiny_scoring.yaml --engine bounded --requests 300`,
 # alternated: c=1 2.6 / 1.9 ms against 3.5 / 2.8 on one thread, c=4 534 / 542 against
-# 340 / 464 requests/s (2026-12-07).
+# 340 / 464 requests/s (2026-12-07); a Xeon with AMX, the same alternation: c=1 1.5 / 1.5
+# against 1.8 / 2.0 ms.
 SERIAL_FLOPS = 2e7
+# ... but while the host has other work (requests queued behind the call or merged into it:
+# `host_busy`), calls of less than this stay on one thread, leaving the other core to the
+# callers, the request checks and the event loop: under Poisson arrivals a two-thread team
+# whose worker the callers preempt stalls at every barrier. A Xeon with AMX, `bench run
+# scenarios/tiny_scoring.yaml --engine bounded --find-max-qps --requests 100`, alternated
+# (2026-12-07): every call of 2e7 FLOPs and up on two threads 374 / 404 requests/s under the
+# 20 ms SLO, 2e8 as the bound for all 469 / 537; later, slower, this rule against the first
+# 413 / 489 vs 254 / 285. Its cost: four closed-loop callers (whose side idles while a call
+# runs) read 488 / 492 requests/s against 547 / 551; a lone caller's 2.2-2.3 ms did not move.
+SERIAL_FLOPS_BUSY = 2e8
 # ... unless it streams more than this from memory: one core's share of the bandwidth is then
 # the bound (a beam's first step: the 19 MB head weight for one row, usually fetched from DRAM
 # again after the request's other work; Zen 4: 1.8 ms on one thread, 0.9 on two).
 SERIAL_BYTES = 4 * 2**20
 
+_host = threading.local()  # .busy: set by the batcher around each call on its model thread
+
+
+@contextlib.contextmanager
+def host_busy(busy: bool) -> Iterator[None]:
+    """Declare, for the calls the enclosed code makes on this thread, whether the host has
+    other work now (tasks/batcher.py: requests waiting or merged into the call)."""
+    before = getattr(_host, "busy", False)
+    _host.busy = busy
+    try:
+        yield
+    finally:
+        _host.busy = before
+
 
 @contextlib.contextmanager
 def threads_for(device: torch.device, flops: float, nbytes: float = 0) -> Iterator[None]:
-    """Run the enclosed CPU work on one thread when it is smaller than SERIAL_FLOPS and
-    reads less than SERIAL_BYTES."""
-    if device.type != "cpu" or flops >= SERIAL_FLOPS or nbytes >= SERIAL_BYTES:
+    """Run the enclosed CPU work on one thread when it is smaller than SERIAL_FLOPS
+    (SERIAL_FLOPS_BUSY while the host is busy: `host_busy`) and reads less than SERIAL_BYTES."""
+    limit = SERIAL_FLOPS_BUSY if getattr(_host, "busy", False) else SERIAL_FLOPS
+    if device.type != "cpu" or flops >= limit or nbytes >= SERIAL_BYTES:
         yield
         return
     threads = torch.get_num_threads()

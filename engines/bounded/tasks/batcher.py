@@ -11,6 +11,9 @@ requests that arrive while a call runs are merged into the next call -- so batch
 the load and a lone request never waits for company. `max_wait_s` (default 0) is an upper
 bound, for those who want fuller batches at the cost of latency: an idle model then holds a
 batch that still has room until that long after its first request, or until it is full.
+A lone request's small call may split across the OpenMP team; while others wait (or were
+merged into the call) it stays on one thread, so the callers keep a core
+(runtime/compiled.threads_for, `host_busy`).
 
 A caller that gives up while queued costs nothing; closing fails every request still held,
 so none waits forever. The engine's tasks share `model_lock`: one call at a time.
@@ -34,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Protocol
 
 from engines.base import EngineError
+from engines.bounded.runtime.compiled import host_busy
 
 
 @dataclass
@@ -151,8 +155,11 @@ class Batcher:
             t0 = time.perf_counter()
             for p in batch:
                 p.stages["queue"] = (t0 - p.enqueued) * 1000.0 - p.stages.get("tokenize", 0.0)
+            # other requests waiting, or several merged: the callers' side is busy, and a
+            # small call leaves it a core (runtime/compiled.threads_for)
+            busy = len(batch) > 1 or bool(self._ready) or bool(self._arrived)
             try:
-                with self.model_lock:
+                with self.model_lock, host_busy(busy):
                     outcomes = self.execute(batch)
             except Exception as e:  # the executor itself failed: every request learns why
                 outcomes = [e] * len(batch)

@@ -270,3 +270,21 @@ def test_small_work_runs_on_one_thread_unless_it_streams_much_memory():
         with threads_for(cpu, flops, nbytes):
             seen.append(torch.get_num_threads())
     assert seen == [1, before, before] and torch.get_num_threads() == before
+
+
+def test_while_the_host_is_busy_small_work_stays_on_one_thread_up_to_the_busy_bound():
+    from engines.bounded.runtime.compiled import SERIAL_FLOPS, SERIAL_FLOPS_BUSY, host_busy, threads_for
+
+    cpu, before = torch.device("cpu"), torch.get_num_threads()
+    if before < 2:
+        pytest.skip("one thread here: nothing to tell apart")
+    seen = []
+    with host_busy(True):
+        for flops in (SERIAL_FLOPS, SERIAL_FLOPS_BUSY):
+            with threads_for(cpu, flops):
+                seen.append(torch.get_num_threads())
+        with host_busy(False), threads_for(cpu, SERIAL_FLOPS):  # nested: the inner word holds, then the outer
+            seen.append(torch.get_num_threads())
+        with threads_for(cpu, SERIAL_FLOPS):
+            seen.append(torch.get_num_threads())
+    assert seen == [1, before, before, 1] and torch.get_num_threads() == before

@@ -167,6 +167,44 @@ def test_an_idle_model_starts_at_once_and_a_busy_one_coalesces():
     assert seen == [["a"], ["b", "c", "d"]]
 
 
+def test_a_lone_requests_small_call_may_split_while_a_busy_hosts_stays_on_one_thread():
+    """runtime/compiled.threads_for inside the batcher's calls: a call of SERIAL_FLOPS splits
+    across the team for a lone request, and stays on one thread for requests merged while
+    another ran (the callers' side is busy then)."""
+    import torch
+
+    from engines.bounded.runtime.compiled import SERIAL_FLOPS, SERIAL_FLOPS_BUSY, threads_for
+
+    before = torch.get_num_threads()
+    if before < 2:
+        pytest.skip("one thread here: nothing to tell apart")
+    threads, started, gate = [], threading.Event(), threading.Event()
+
+    def execute(batch):
+        with threads_for(torch.device("cpu"), SERIAL_FLOPS):
+            small = torch.get_num_threads()
+        with threads_for(torch.device("cpu"), SERIAL_FLOPS_BUSY):
+            big = torch.get_num_threads()
+        threads.append((len(batch), small, big))
+        started.set()
+        gate.wait(5)
+        return [p.item.id for p in batch]
+
+    async def main():
+        b = Batcher(execute, lambda: PrefillUsage(PrefillPlan(100, 8, 100, 8)))
+        first = asyncio.ensure_future(b.submit(_item(1, 5, id="a"), {}))
+        await asyncio.get_running_loop().run_in_executor(None, started.wait, 5)
+        later = [asyncio.ensure_future(b.submit(_item(1, 5, id=i), {})) for i in "bc"]
+        await asyncio.sleep(0.05)  # b and c queue while "a" runs
+        gate.set()
+        await asyncio.gather(first, *later)
+        b.close()
+
+    asyncio.run(main())
+    assert threads == [(1, before, before), (2, 1, before)]
+    assert torch.get_num_threads() == before
+
+
 def test_max_wait_is_an_upper_bound_a_full_batch_leaves_at_once():
     seen = []
 
