@@ -79,7 +79,7 @@ SERIAL_FLOPS = 2e7
 # whose worker the callers preempt stalls at every barrier. A Xeon with AMX, `bench run
 # scenarios/tiny_scoring.yaml --engine bounded --find-max-qps --requests 100`, alternated
 # (2026-12-07): every call of 2e7 FLOPs and up on two threads 374 / 404 requests/s under the
-# 20 ms SLO, 2e8 as the bound for all 469 / 537; later, slower, this rule against the first
+# 20 ms SLO, 2e8 as the bound for all 469 / 537; later, slower, this rule against 2e7 for all
 # 413 / 489 vs 254 / 285. Its cost: four closed-loop callers (whose side idles while a call
 # runs) read 488 / 492 requests/s against 547 / 551; a lone caller's 2.2-2.3 ms did not move.
 SERIAL_FLOPS_BUSY = 2e8
@@ -88,15 +88,19 @@ SERIAL_FLOPS_BUSY = 2e8
 # again after the request's other work; Zen 4: 1.8 ms on one thread, 0.9 on two).
 SERIAL_BYTES = 4 * 2**20
 
-_host = threading.local()  # .busy: set by the batcher around each call on its model thread
+
+class _Host(threading.local):
+    busy = False  # set by the batcher around each call on its model thread (host_busy)
+
+
+_host = _Host()
 
 
 @contextlib.contextmanager
 def host_busy(busy: bool) -> Iterator[None]:
     """Declare, for the calls the enclosed code makes on this thread, whether the host has
     other work now (tasks/batcher.py: requests waiting or merged into the call)."""
-    before = getattr(_host, "busy", False)
-    _host.busy = busy
+    before, _host.busy = _host.busy, busy
     try:
         yield
     finally:
@@ -107,7 +111,7 @@ def host_busy(busy: bool) -> Iterator[None]:
 def threads_for(device: torch.device, flops: float, nbytes: float = 0) -> Iterator[None]:
     """Run the enclosed CPU work on one thread when it is smaller than SERIAL_FLOPS
     (SERIAL_FLOPS_BUSY while the host is busy: `host_busy`) and reads less than SERIAL_BYTES."""
-    limit = SERIAL_FLOPS_BUSY if getattr(_host, "busy", False) else SERIAL_FLOPS
+    limit = SERIAL_FLOPS_BUSY if _host.busy else SERIAL_FLOPS
     if device.type != "cpu" or flops >= limit or nbytes >= SERIAL_BYTES:
         yield
         return
