@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import platform
+import statistics
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -33,6 +35,7 @@ def report(measure: bool = False) -> Iterator[tuple[str, str]]:
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     for device in devices:
         yield from device_lines(device, measure)
+    yield "cpu idle memory", idle_memory_line(*idle_memory())
     if not torch.cuda.is_available():
         yield "gpu", "none"
     yield "cache", str(cache_root())
@@ -80,6 +83,43 @@ def device_lines(device: str, measure: bool, caps=None) -> Iterator[tuple[str, s
         elif prec != "float8":
             yield f"{device} {prec}", "not native here, not measured" if prec == "float16" else "none"
     yield f"{device} peak", peaks.source
+
+
+IDLE_MIB = 16
+IDLE_GAP_S = 0.5
+IDLE_SLOW = 3.0  # after the gap, this many times slower: say it is the machine's
+
+
+def idle_memory(mib: int = IDLE_MIB, gap_s: float = IDLE_GAP_S, repeats: int = 3) -> tuple[float, float]:
+    """(ms to read `mib` MiB it has just read, ms to read them after `gap_s` s idle), medians
+    of `repeats`. On a VM whose host reclaims or demotes memory left idle (this project's
+    machines, 2026-12-07: 16 MiB read in ~1 ms hot, tens to hundreds of ms after 0.5-2 s)
+    every request after an idle gap pays that, whatever the engine: a Poisson load at a low
+    rate then measures the machine waking, not the load (the SLO search warns)."""
+    import torch
+
+    x = torch.ones(mib << 18)  # float32: `mib` MiB
+
+    def read() -> float:
+        t = time.perf_counter()
+        x.sum()
+        return (time.perf_counter() - t) * 1e3
+
+    read()
+    hot = statistics.median(read() for _ in range(repeats))
+    idle = []
+    for _ in range(repeats):
+        time.sleep(gap_s)
+        idle.append(read())
+    return hot, statistics.median(idle)
+
+
+def idle_memory_line(hot_ms: float, idle_ms: float, gap_s: float = IDLE_GAP_S) -> str:
+    line = f"{IDLE_MIB} MiB read in {hot_ms:.2f} ms hot, {idle_ms:.2f} ms after {gap_s:g} s idle"
+    if idle_ms > IDLE_SLOW * hot_ms:
+        line += (f" ({idle_ms / hot_ms:.0f}x): this machine slows after idle gaps; requests at low rates "
+                 "(Poisson, the SLO search's lower probes) pay it whatever the engine")
+    return line
 
 
 _SHOWN_FLAGS = ("avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")

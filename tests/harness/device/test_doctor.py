@@ -2,7 +2,7 @@
 found or missing."""
 from __future__ import annotations
 
-from harness.device.doctor import toolchain_lines
+from harness.device.doctor import IDLE_GAP_S, IDLE_MIB, idle_memory, idle_memory_line, toolchain_lines
 
 
 def test_doctor_names_each_toolchain_check():
@@ -13,3 +13,14 @@ def test_doctor_names_each_toolchain_check():
     assert list(cuda) == ["aot cuda C++ compiler", "aot cuda CUDA headers", "aot cuda libcuda.so (link)",
                           "aot cuda CUDA driver", "aot cuda triton"]
     assert all(v.startswith(("ok: ", "MISSING: ")) for v in cuda.values())
+
+
+def test_idle_memory_reads_hot_then_after_a_gap():
+    hot, idle = idle_memory(mib=1, gap_s=0.01, repeats=2)
+    assert 0 < hot < 1e4 and 0 < idle < 1e4
+
+
+def test_idle_memory_line_says_when_the_machine_slows_after_idle():
+    assert idle_memory_line(0.7, 1.0) == f"{IDLE_MIB} MiB read in 0.70 ms hot, 1.00 ms after {IDLE_GAP_S:g} s idle"
+    slow = idle_memory_line(0.5, 30.0)
+    assert "(60x): this machine slows after idle gaps" in slow and slow.startswith(f"{IDLE_MIB} MiB read in 0.50 ms")
