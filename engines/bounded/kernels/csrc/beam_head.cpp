@@ -2,7 +2,8 @@
 // with no [rows, V] logits written anywhere.
 //
 // head_gemm_summary_bf16: the GEMM hidden [B, K] x weight [V, K]^T, chunk by chunk of CHUNK
-// vocabulary columns split between torch's threads. The logits (float32 sums of bf16
+// vocabulary columns, in fixed slabs of chunks that torch's threads take one at a time (the
+// same sums whatever the threads). The logits (float32 sums of bf16
 // products, rounded to bf16 as a bf16 GEMM's output is) go to a small buffer -- a group of
 // 64 columns for a block of rows (AVX512-BF16), a chunk (AMX) -- and are summarised there
 // while hot: each row's log-sum-exp (every token, the banned ones too: the log-softmax
@@ -44,6 +45,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 
 namespace {
@@ -398,34 +400,40 @@ std::tuple<at::Tensor, at::Tensor> head_gemm_summary_bf16(const at::Tensor& hidd
   at::Tensor lse = at::empty({b}, hidden.options().dtype(at::kFloat));
   at::Tensor bmax = at::empty({b, nb}, lse.options());
   float* bm = bmax.data_ptr<float>();
-  // each thread summarises its share of the chunks for every row, merged after
-  const int threads = at::get_num_threads();
-  std::vector<std::vector<RowSum>> sums(threads, std::vector<RowSum>(b));
+  // the chunks in fixed slabs, each slab's sums merged in slab order after: the same lse
+  // whatever the threads, and a thread that finishes early takes the next slab (on a shared
+  // machine a static half each left one thread waiting on the other's slower half)
+  const int64_t slabs = std::min<int64_t>(bounded::SLABS, chunks);
+  std::vector<std::vector<RowSum>> sums(slabs, std::vector<RowSum>(b));
   const Logits logits(hidden);
   const int64_t step = logits.step;
   if (!logits.amx) {  // the AVX512-BF16 form: group by group
     const int64_t kdim = hidden.size(1);
-    at::parallel_for(0, chunks, 1, [&](int64_t c_begin, int64_t c_end) {
+    bounded::each_slab(chunks, slabs, [&] { return 0; }, [&](int64_t slab, int64_t c0, int64_t c1, int) {
       FusedSums fs(b, step);
-      for (int64_t c = c_begin; c < c_end; ++c)
+      for (int64_t c = c0; c < c1; ++c)
         for (int64_t r0 = 0; r0 < b; r0 += step)
           chunk_summary(logits.h, r0, std::min(step, b - r0), kdim, pk, c * CHUNK, vocab, bp, nbanned, fs, bm, nb);
-      auto& mine = sums[at::get_thread_num()];
-      for (int64_t r = 0; r < b; ++r) mine[r] = bounded::combine(mine[r], fs.row(r));
+      for (int64_t r = 0; r < b; ++r) sums[slab][r] = fs.row(r);
     });
     bounded::merge_sums(sums, b, lse.data_ptr<float>());
     return {lse, bmax};
   }
-  at::parallel_for(0, chunks, 1, [&](int64_t c_begin, int64_t c_end) {
-    const Tiles tiles(logits.amx, TILE_ROWS);
-    auto& mine = sums[at::get_thread_num()];
-    std::vector<float> buf(logits.buffer_rows() * LDC);
-    for (int64_t c = c_begin; c < c_end; ++c)
+  struct Worker {
+    Tiles tiles;
+    std::vector<float> buf;
+    explicit Worker(const Logits& l) : tiles(l.amx, TILE_ROWS), buf(l.buffer_rows() * LDC) {}
+  };
+  bounded::each_slab(chunks, slabs, [&] { return std::make_unique<Worker>(logits); },
+                     [&](int64_t slab, int64_t c0, int64_t c1, std::unique_ptr<Worker>& w) {
+    auto& mine = sums[slab];
+    for (int64_t c = c0; c < c1; ++c)
       for (int64_t r0 = 0; r0 < b; r0 += step) {
         const int64_t rows = std::min(step, b - r0), n = std::min(CHUNK, vocab - c * CHUNK);
-        logits.chunk(r0, rows, pk, c * CHUNK, buf.data());
+        logits.chunk(r0, rows, pk, c * CHUNK, w->buf.data());
         for (int64_t r = 0; r < rows; ++r)
-          summarise(buf.data() + r * LDC, n, c * CHUNK, mine[r0 + r], bp, nbanned, bm + (r0 + r) * nb + c * (CHUNK / BLK));
+          summarise(w->buf.data() + r * LDC, n, c * CHUNK, mine[r0 + r], bp, nbanned,
+                    bm + (r0 + r) * nb + c * (CHUNK / BLK));
       }
   });
   bounded::merge_sums(sums, b, lse.data_ptr<float>());

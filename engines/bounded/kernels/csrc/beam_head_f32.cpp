@@ -242,26 +242,26 @@ std::tuple<at::Tensor, at::Tensor> head_gemm_summary_f32(const at::Tensor& hidde
   at::Tensor lse = at::empty({b}, hidden.options());
   at::Tensor bmax = at::empty({b, nb}, lse.options());
   float* bm = bmax.data_ptr<float>();
-  // each thread summarises its share of the chunks for every row, merged after
-  std::vector<std::vector<RowSum>> sums(at::get_num_threads(), std::vector<RowSum>(b));
+  // the chunks in fixed slabs (bounded::each_slab), each slab's sums merged in slab order
+  const int64_t slabs = std::min<int64_t>(bounded::SLABS, chunks);
+  std::vector<std::vector<RowSum>> sums(slabs, std::vector<RowSum>(b));
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
-  at::parallel_for(0, chunks, 1, [&](int64_t c_begin, int64_t c_end) {
+  bounded::each_slab(chunks, slabs, [&] { return 0; }, [&](int64_t slab, int64_t c0, int64_t c1, int) {
     bounded::summary::FusedSums fs(b, step);
-    for (int64_t c = c_begin; c < c_end; ++c)
+    for (int64_t c = c0; c < c1; ++c)
       for (int64_t r0 = 0; r0 < b; r0 += step) {
         const int64_t rows = std::min(step, b - r0);
         bounded::summary::chunk_summary(
             [&](int64_t g0, float* buf) { group_logits(h + r0 * kdim, rows, kdim, pk + g0 / PANEL * kdim * PANEL, buf); },
             r0, rows, c * CHUNK, CHUNK, vocab, bp, nbanned, fs, bm, nb);
       }
-    auto& mine = sums[at::get_thread_num()];
-    for (int64_t r = 0; r < b; ++r) mine[r] = bounded::combine(mine[r], fs.row(r));
+    for (int64_t r = 0; r < b; ++r) sums[slab][r] = fs.row(r);
   });
 #else
-  at::parallel_for(0, chunks, 1, [&](int64_t c_begin, int64_t c_end) {
-    auto& mine = sums[at::get_thread_num()];
-    std::vector<float> buf(step * CHUNK);
-    for (int64_t c = c_begin; c < c_end; ++c)
+  bounded::each_slab(chunks, slabs, [&] { return std::vector<float>(step * CHUNK); },
+                     [&](int64_t slab, int64_t c0, int64_t c1, std::vector<float>& buf) {
+    auto& mine = sums[slab];
+    for (int64_t c = c0; c < c1; ++c)
       for (int64_t r0 = 0; r0 < b; r0 += step) {
         const int64_t rows = std::min(step, b - r0), n = std::min(CHUNK, vocab - c * CHUNK);
         chunk_logits(h + r0 * kdim, rows, kdim, pk, c * CHUNK, buf.data());

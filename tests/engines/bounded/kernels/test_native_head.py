@@ -96,6 +96,26 @@ def test_native_summary_is_the_log_sum_exp_and_block_maxima_of_the_logits(reques
     assert torch.equal(block_max.double(), want)
 
 
+@pytest.mark.parametrize("rows,hidden,vocab", [(100, 64, 40_000), (9, 96, 5_000), (3, 64, 700)])
+def test_native_summary_is_the_same_on_one_thread_or_two(ops, rows, hidden, vocab):
+    """The summary's partial sums are fixed slabs of the vocabulary's chunks (more chunks than
+    slabs, fewer, one), merged in order, whichever thread took a slab: bit for bit the same
+    log-sum-exp on any number of threads (a beam's score must not depend on how busy the
+    host was)."""
+    x, weight = _case(rows + vocab, rows, hidden, vocab)
+    packed, banned = ops.pack_head_bf16(weight), torch.tensor([1, vocab - 2])
+    threads = torch.get_num_threads()
+    try:
+        got = []
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            got.append(ops.head_gemm_summary_bf16(x, packed, vocab, banned))
+    finally:
+        torch.set_num_threads(threads)
+    for lse, block_max in got[1:]:
+        assert torch.equal(lse, got[0][0]) and torch.equal(block_max, got[0][1])
+
+
 def test_native_top_k_of_only_dead_rows_is_minus_infinity(ops):
     x, weight = _case(1, 4, 64, 600)
     cum = torch.full((1, 4), -math.inf)
@@ -206,9 +226,8 @@ def test_native_float32_top_k_is_the_top_k_of_the_exact_log_probabilities(ops32,
         one = native.beam_head_top(x, packed, vocab, torch.tensor(banned), cum, k)
     finally:
         torch.set_num_threads(threads)
-    assert torch.equal(one[1], parents) and torch.equal(one[2], tokens)
-    # the log-sum-exp adds the threads' partial sums in another order: a few ulp of |score| ~ 10-20
-    torch.testing.assert_close(one[0], scores, rtol=5e-7, atol=1e-6)
+    # and the log-sum-exp too: its partial sums are fixed slabs of the vocabulary, not the threads' shares
+    assert torch.equal(one[0], scores) and torch.equal(one[1], parents) and torch.equal(one[2], tokens)
 
 
 def test_native_float32_head_refuses_what_it_cannot_compute(ops32):
