@@ -12,8 +12,9 @@
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
+#include "work_shares.h"
+
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -38,20 +39,6 @@ inline RowSum combine(RowSum x, RowSum y) {
 }
 
 constexpr int64_t SLABS = 32;  // the fused heads' summary: fixed shares of the vocabulary's chunks
-
-// body(slab, c0, c1, state) for each of `slabs` fixed shares [c0, c1) of n items: as many
-// workers as torch's pool has threads (at most one a slab), each with its own state (make()),
-// taking the next slab from a shared counter. Which worker runs a slab changes nothing in
-// what it computes.
-template <class Make, class Body>
-void each_slab(int64_t n, int64_t slabs, Make&& make, Body&& body) {
-  std::atomic<int64_t> next{0};
-  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), slabs));
-  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-    auto state = make();
-    for (int64_t s = next++; s < slabs; s = next++) body(s, s * n / slabs, (s + 1) * n / slabs, state);
-  });
-}
 
 // lse[row] from every share of the row's sum, merged in order
 inline void merge_sums(const std::vector<std::vector<RowSum>>& sums, int64_t b, float* lse) {

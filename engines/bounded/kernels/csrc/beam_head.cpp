@@ -409,7 +409,7 @@ std::tuple<at::Tensor, at::Tensor> head_gemm_summary_bf16(const at::Tensor& hidd
   const int64_t step = logits.step;
   if (!logits.amx) {  // the AVX512-BF16 form: group by group
     const int64_t kdim = hidden.size(1);
-    bounded::each_slab(chunks, slabs, [&] { return 0; }, [&](int64_t slab, int64_t c0, int64_t c1, int) {
+    bounded::each_share(chunks, slabs, [&] { return 0; }, [&](int64_t slab, int64_t c0, int64_t c1, int) {
       FusedSums fs(b, step);
       for (int64_t c = c0; c < c1; ++c)
         for (int64_t r0 = 0; r0 < b; r0 += step)
@@ -424,7 +424,7 @@ std::tuple<at::Tensor, at::Tensor> head_gemm_summary_bf16(const at::Tensor& hidd
     std::vector<float> buf;
     explicit Worker(const Logits& l) : tiles(l.amx, TILE_ROWS), buf(l.buffer_rows() * LDC) {}
   };
-  bounded::each_slab(chunks, slabs, [&] { return std::make_unique<Worker>(logits); },
+  bounded::each_share(chunks, slabs, [&] { return std::make_unique<Worker>(logits); },
                      [&](int64_t slab, int64_t c0, int64_t c1, std::unique_ptr<Worker>& w) {
     auto& mine = sums[slab];
     for (int64_t c = c0; c < c1; ++c)

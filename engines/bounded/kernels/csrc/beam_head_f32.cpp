@@ -242,11 +242,11 @@ std::tuple<at::Tensor, at::Tensor> head_gemm_summary_f32(const at::Tensor& hidde
   at::Tensor lse = at::empty({b}, hidden.options());
   at::Tensor bmax = at::empty({b, nb}, lse.options());
   float* bm = bmax.data_ptr<float>();
-  // the chunks in fixed slabs (bounded::each_slab), each slab's sums merged in slab order
+  // the chunks in fixed slabs (bounded::each_share), each slab's sums merged in slab order
   const int64_t slabs = std::min<int64_t>(bounded::SLABS, chunks);
   std::vector<std::vector<RowSum>> sums(slabs, std::vector<RowSum>(b));
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
-  bounded::each_slab(chunks, slabs, [&] { return 0; }, [&](int64_t slab, int64_t c0, int64_t c1, int) {
+  bounded::each_share(chunks, slabs, [&] { return 0; }, [&](int64_t slab, int64_t c0, int64_t c1, int) {
     bounded::summary::FusedSums fs(b, step);
     for (int64_t c = c0; c < c1; ++c)
       for (int64_t r0 = 0; r0 < b; r0 += step) {
@@ -258,7 +258,7 @@ std::tuple<at::Tensor, at::Tensor> head_gemm_summary_f32(const at::Tensor& hidde
     for (int64_t r = 0; r < b; ++r) sums[slab][r] = fs.row(r);
   });
 #else
-  bounded::each_slab(chunks, slabs, [&] { return std::vector<float>(step * CHUNK); },
+  bounded::each_share(chunks, slabs, [&] { return std::vector<float>(step * CHUNK); },
                      [&](int64_t slab, int64_t c0, int64_t c1, std::vector<float>& buf) {
     auto& mine = sums[slab];
     for (int64_t c = c0; c < c1; ++c)

@@ -7,8 +7,9 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include "work_shares.h"
+
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -57,13 +58,8 @@ inline std::vector<Unit> varlen_units(const at::Tensor& cu_seqlens, const c10::o
 // per unit), each with its own Scratch, taking the next unit from a shared counter.
 template <class Scratch, class Run>
 void run_units(const std::vector<Unit>& units, Run&& run) {
-  std::atomic<int64_t> next{0};
   const int64_t n = static_cast<int64_t>(units.size());
-  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n));
-  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-    Scratch w;
-    for (int64_t i = next++; i < n; i = next++) run(units[i], w);
-  });
+  each_share(n, n, [] { return Scratch(); }, [&](int64_t i, int64_t, int64_t, Scratch& w) { run(units[i], w); });
 }
 
 }  // namespace bounded
