@@ -15,6 +15,12 @@ from harness.measure.records import LoadPoint, RequestRecord
 P99_MIN_REQUESTS = 459
 LAG_P99_LIMIT_MS = 1.0
 ACHIEVED_RATE_MIN = 0.95
+# a Poisson point's mean latency this many times that of a point at a higher rate: queueing
+# cannot do that (at a lower rate a request waits less), so the machine or the engine slows
+# while idle between requests. Seen on this project's VMs: memory left untouched for a
+# fraction of a second is slow to touch again (`bench doctor`'s "idle memory" line), and a
+# tiny-model request after 0.5 s idle took ~50 ms instead of ~3.
+IDLE_RISE = 1.5
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -161,3 +167,29 @@ def warnings_for(engine: str, m: PointMetrics) -> list[str]:
     if m.interrupted:
         out.append(f"{at}: {m.interrupted}; numbers cover what finished")
     return out
+
+
+def latency_rose_as_rate_fell(points: Sequence[PointMetrics]) -> tuple[PointMetrics, PointMetrics] | None:
+    """(a Poisson point, a point at a higher rate) where the first's mean latency is over
+    IDLE_RISE times the second's, the lowest such rate first and the fastest higher one; None
+    where latency did not rise as the rate fell (closed points and points that answered
+    nothing are left out)."""
+    answered = sorted((m for m in points if m.load_mode == "poisson" and m.ok and np.isfinite(m.mean_ms)),
+                      key=lambda m: m.load_value)
+    for i, low in enumerate(answered):
+        fastest = min(answered[i + 1:], key=lambda m: m.mean_ms, default=None)
+        if fastest is not None and low.mean_ms > IDLE_RISE * fastest.mean_ms:
+            return low, fastest
+    return None
+
+
+def idle_warnings(who: str, points: Sequence[PointMetrics]) -> list[str]:
+    """The warning for `latency_rose_as_rate_fell` over one engine's Poisson points, if any."""
+    rise = latency_rose_as_rate_fell(points)
+    if rise is None:
+        return []
+    low, high = rise
+    return [f"{who}: mean latency rose as the rate fell ({low.mean_ms:.1f} ms at {low.load_value:.3g} req/s, "
+            f"{high.mean_ms:.1f} ms at {high.load_value:.3g} req/s); queueing cannot do that, so the machine or "
+            "the engine slows while idle between requests (`bench doctor`'s idle memory line measures the "
+            "machine): the lower rates measure that, not the load"]

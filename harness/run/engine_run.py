@@ -18,7 +18,7 @@ from engines.registry import create_engine
 from harness.measure.flops import ModelShape
 from harness.measure.records import LoadPoint
 from harness.load.modes import load_mode
-from harness.measure.metrics import PointMetrics, summarise, warnings_for
+from harness.measure.metrics import PointMetrics, idle_warnings, summarise, warnings_for
 from harness.scenario.schema import EngineSpec
 from harness.scenario.load import Slo
 from harness.scenario.engines import engine_config
@@ -68,6 +68,9 @@ class EngineRun:
                 out.append(f"{who} @ {p.metrics.load_mode} {p.metrics.load_value:g}: failed: {p.reason}")
             else:
                 out += warnings_for(who, p.metrics)
+        for label in dict.fromkeys(p.cell.label for p in self.points):
+            out += idle_warnings(f"{self.name} ({label})" if label else self.name,
+                                 [p.metrics for p in self.points if p.cell.label == label and p.status == "ok"])
         for cell, search in self.searches:
             out += search.warnings(f"{self.name} ({cell.label})" if cell.label else self.name)
         if not self.skipped and not self.failed and self.points and not self.measured:

@@ -19,19 +19,13 @@ from harness.measure.flops import ModelShape
 from harness.measure.records import LoadPoint
 from harness.load.loadgen import no_progress, run_poisson
 from harness.load.modes import ProbeLoad, load_mode
-from harness.measure.metrics import ACHIEVED_RATE_MIN, PointMetrics, summarise, warnings_for
+from harness.measure.metrics import ACHIEVED_RATE_MIN, PointMetrics, idle_warnings, summarise, warnings_for
 from harness.scenario.load import Slo
 from harness.workload.requests import Shifted
 
 MAX_PROBES = 8
 REL_TOL = 0.02  # stop bisecting once the bracket is this narrow relative to its lower end
 DEFAULT_START_RATE = 10.0
-# a lower rate's mean latency this many times a higher rate's: queueing cannot do that (at a
-# lower rate a request waits less), so the machine or the engine slows while idle between
-# requests. Seen on this project's VMs: memory left untouched for a fraction of a second is
-# slow to touch again (`bench doctor`'s "idle memory" line), and a tiny-model request after
-# 0.5 s idle took ~50 ms instead of ~3.
-IDLE_RISE = 1.5
 UNIT_SHAPE = ModelShape(1, 1, 1, 1, 1, 1, 1)  # FLOPs placeholder for engines without a model (tests)
 
 
@@ -78,27 +72,8 @@ class SearchResult:
         elif self.probes and not math.isfinite(self.lowest_failed):
             out.append(f"{engine}: SLO search: every probe met the SLO; the max rate is at least "
                        f"{self.max_rate:.3g} req/s (raise the start rate or the probe budget)")
-        rise = latency_rose_as_rate_fell(self.probes)
-        if rise:
-            low, high = rise
-            out.append(f"{engine}: SLO search: mean latency rose as the rate fell ({low.metrics.mean_ms:.1f} ms at "
-                       f"{low.rate:.3g} req/s, {high.metrics.mean_ms:.1f} ms at {high.rate:.3g} req/s); queueing "
-                       "cannot do that, so the machine or the engine slows while idle between requests "
-                       "(`bench doctor`'s idle memory line measures the machine): those probes measure that, "
-                       "not the load")
+        out += idle_warnings(f"{engine}: SLO search", [p.metrics for p in self.probes])
         return out
-
-
-def latency_rose_as_rate_fell(probes: Sequence[Probe]) -> tuple[Probe, Probe] | None:
-    """(a probe, a probe at a higher rate) where the first's mean latency is over IDLE_RISE
-    times the second's, the lowest such rate first; None where latency did not rise as the
-    rate fell (probes that answered nothing are left out)."""
-    answered = sorted((p for p in probes if p.metrics.ok and math.isfinite(p.metrics.mean_ms)), key=lambda p: p.rate)
-    for i, low in enumerate(answered):
-        fastest = min(answered[i + 1:], key=lambda p: p.metrics.mean_ms, default=None)
-        if fastest is not None and low.metrics.mean_ms > IDLE_RISE * fastest.metrics.mean_ms:
-            return low, fastest
-    return None
 
 
 def verdict(m: PointMetrics, slo: Slo) -> tuple[bool, str]:

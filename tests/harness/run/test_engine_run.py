@@ -156,6 +156,35 @@ def test_recall_counts_the_reference_beams_returned(picky):
     assert math.isnan(ref.points[0].recall)
 
 
+def test_poisson_points_slower_at_lower_rates_are_named(picky):
+    """An engine's Poisson points whose mean rose as the rate fell (a machine that slows while
+    idle) get one warning per cell; latency that falls with the rate, none."""
+    from engines.base import PrefillRequest
+    from harness.measure.metrics import summarise
+    from harness.measure.records import LoadPoint, RequestRecord
+    from harness.run.engine_run import EngineRun, PointRun
+    from harness.run.slo import UNIT_SHAPE
+    from harness.run.sweep import plan_cells
+    from harness.workload.requests import WorkItem
+
+    sc = _scenario()
+    cell = plan_cells(sc, sc.load, "cpu").cells[0]
+    item = WorkItem(PrefillRequest("r", ["x"], [" a", " b"]), (4,))
+
+    def engine(means_by_rate):
+        er = EngineRun("e")
+        for rate, mean in means_by_rate.items():
+            point = LoadPoint("poisson", rate, [RequestRecord(i, item, False, 0.0, 0.0, mean / 1e3, "ok")
+                                                for i in range(3)])
+            er.points.append(PointRun(cell, point, summarise(point, UNIT_SHAPE, 1.0)))
+        return er
+
+    assert not [w for w in engine({50: 30.0, 10: 12.0, 2: 10.0}).warnings() if "rose as the rate fell" in w]
+    warned = [w for w in engine({50: 30.0, 10: 12.0, 2: 40.0}).warnings() if "rose as the rate fell" in w]
+    assert len(warned) == 1 and warned[0].startswith("e: mean latency rose as the rate fell (40.0 ms at 2 req/s, "
+                                                     "12.0 ms at 10 req/s)")
+
+
 def test_bench_run_shows_failed_cells_in_results_and_report(picky, tmp_path):
     path = tmp_path / "sweepy.yaml"
     path.write_text(json.dumps({"name": "sweepy", "model": "tiny", "dtype": "float32",

@@ -147,25 +147,36 @@ def test_finds_the_max_rate_of_a_fifo_server_within_ten_percent():
 
 
 def _probe(rate, mean_ms, meets=False):
+    from dataclasses import replace
+
     from harness.run.slo import Probe
-    m = summarise(_point([mean_ms] * 3), UNIT_SHAPE, float("nan"))
+    m = replace(summarise(_point([mean_ms] * 3), UNIT_SHAPE, float("nan")), load_value=rate)
     return Probe(rate, meets, "" if meets else "mean over", m)
 
 
 def test_latency_that_rose_as_the_rate_fell_is_named():
-    from harness.run.slo import IDLE_RISE, SearchResult, latency_rose_as_rate_fell
+    from harness.measure.metrics import IDLE_RISE, latency_rose_as_rate_fell
+    from harness.run.slo import SearchResult
     slo = Slo(mean_ms=20, p99_ms=70)
     # queueing: latency falls with the rate -- nothing to say
     healthy = [_probe(100, 60), _probe(50, 25), _probe(25, 12, True), _probe(37.5, 18, True)]
-    assert latency_rose_as_rate_fell(healthy) is None
+    assert latency_rose_as_rate_fell([p.metrics for p in healthy]) is None
     res = SearchResult(slo, healthy, max_rate=37.5, lowest_failed=50)
     assert not any("rose as the rate fell" in w for w in res.warnings("e"))
     # an engine on a machine that slows while idle: 24 req/s at 21 ms, lower rates slower
     idle = [_probe(97, 56), _probe(49, 23), _probe(24, 21), _probe(12, 30), _probe(6, 37), _probe(3, 63)]
-    low, high = latency_rose_as_rate_fell(idle)
-    assert (low.rate, high.rate) == (3, 24)  # the lowest rate over IDLE_RISE x a higher one's mean, the fastest
-    assert low.metrics.mean_ms > IDLE_RISE * high.metrics.mean_ms
+    low, high = latency_rose_as_rate_fell([p.metrics for p in idle])
+    assert (low.load_value, high.load_value) == (3, 24)  # the lowest rate over IDLE_RISE x a higher one's, the fastest
+    assert low.mean_ms > IDLE_RISE * high.mean_ms
     res = SearchResult(slo, idle)
     warned = [w for w in res.warnings("hf") if "rose as the rate fell" in w]
     assert len(warned) == 1 and warned[0].startswith("hf: SLO search: mean latency rose as the rate fell "
                                                      "(63.0 ms at 3 req/s, 21.0 ms at 24 req/s)")
+    # closed-loop points are not rates: left out
+    closed = replace_mode(idle[-1].metrics, "closed")
+    assert latency_rose_as_rate_fell([closed, idle[2].metrics]) is None
+
+
+def replace_mode(m, mode):
+    from dataclasses import replace
+    return replace(m, load_mode=mode)
