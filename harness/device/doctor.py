@@ -95,10 +95,11 @@ def idle_memory(mib: int = IDLE_MIB, gap_s: float = IDLE_GAP_S, repeats: int = 3
     of `repeats`. On a VM whose host reclaims or demotes memory left idle (this project's
     machines, 2026-12-07: 16 MiB read in ~1 ms hot, tens to hundreds of ms after 0.5-2 s)
     every request after an idle gap pays that, whatever the engine: a Poisson load at a low
-    rate then measures the machine waking, not the load (the SLO search warns)."""
+    rate then measures the machine waking, not the load (`bench run` warns where latency rose
+    as the rate fell)."""
     import torch
 
-    x = torch.ones(mib << 18)  # float32: `mib` MiB
+    x = torch.arange(mib << 18, dtype=torch.float32)  # `mib` MiB, no two pages alike
 
     def read() -> float:
         t = time.perf_counter()

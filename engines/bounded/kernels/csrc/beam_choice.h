@@ -26,17 +26,9 @@ namespace bounded {
 
 constexpr int64_t BLK = 128;  // tokens per block: the first stage of the choice ranks blocks by their best
 
-struct RowSum {  // one row's log-sum-exp so far, in one thread's share: m + log(s), m near the maximum
+struct RowSum {  // one row's log-sum-exp so far, in one share of the columns: m + log(s), m near the maximum
   float m = -std::numeric_limits<float>::infinity(), s = 0.0f;
 };
-
-// two shares of one row's sum as one
-inline RowSum combine(RowSum x, RowSum y) {
-  if (x.s == 0.0f) return y;
-  if (y.s == 0.0f) return x;
-  const float m = std::max(x.m, y.m);
-  return {m, x.s * std::exp(x.m - m) + y.s * std::exp(y.m - m)};
-}
 
 constexpr int64_t SLABS = 32;  // the fused heads' summary: fixed shares of the vocabulary's chunks
 
