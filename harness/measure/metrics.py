@@ -176,8 +176,8 @@ def latency_rose_as_rate_fell(points: Sequence[PointMetrics]) -> tuple[PointMetr
     nothing are left out)."""
     answered = sorted((m for m in points if m.load_mode == "poisson" and m.ok and np.isfinite(m.mean_ms)),
                       key=lambda m: m.load_value)
-    for i, low in enumerate(answered):
-        fastest = min(answered[i + 1:], key=lambda m: m.mean_ms, default=None)
+    for low in answered:
+        fastest = min((m for m in answered if m.load_value > low.load_value), key=lambda m: m.mean_ms, default=None)
         if fastest is not None and low.mean_ms > IDLE_RISE * fastest.mean_ms:
             return low, fastest
     return None

@@ -172,6 +172,8 @@ def test_latency_that_rose_as_the_rate_fell_is_named():
     warned = [w for w in res.warnings("hf") if "rose as the rate fell" in w]
     assert len(warned) == 1 and warned[0].startswith("hf: SLO search: mean latency rose as the rate fell "
                                                      "(63.0 ms at 3 req/s, 21.0 ms at 24 req/s)")
+    # two points at one rate are not a trend
+    assert latency_rose_as_rate_fell([_probe(10, 40).metrics, _probe(10, 12).metrics]) is None
     # closed-loop points are not rates: left out
     closed = replace_mode(idle[-1].metrics, "closed")
     assert latency_rose_as_rate_fell([closed, idle[2].metrics]) is None
