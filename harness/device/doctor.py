@@ -115,8 +115,8 @@ def idle_memory(mib: int = IDLE_MIB, gap_s: float = IDLE_GAP_S, repeats: int = 3
     return hot, statistics.median(idle)
 
 
-def idle_memory_line(hot_ms: float, idle_ms: float, gap_s: float = IDLE_GAP_S) -> str:
-    line = f"{IDLE_MIB} MiB read in {hot_ms:.2f} ms hot, {idle_ms:.2f} ms after {gap_s:g} s idle"
+def idle_memory_line(hot_ms: float, idle_ms: float, mib: int = IDLE_MIB, gap_s: float = IDLE_GAP_S) -> str:
+    line = f"{mib} MiB read in {hot_ms:.2f} ms hot, {idle_ms:.2f} ms after {gap_s:g} s idle"
     if idle_ms > IDLE_SLOW * hot_ms:
         line += (f" ({idle_ms / hot_ms:.0f}x): this machine slows after idle gaps; requests at low rates "
                  "(Poisson, the SLO search's lower probes) pay it whatever the engine")

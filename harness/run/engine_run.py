@@ -59,20 +59,23 @@ class EngineRun:
     def measured(self) -> bool:
         return any(p.metrics.ok > 0 for p in self.points)
 
+    def who(self, cell: Cell) -> str:
+        """The engine as warnings name it in `cell`: with the cell's label where it has one."""
+        return f"{self.name} ({cell.label})" if cell.label else self.name
+
     def warnings(self) -> list[str]:
         out = [f"{self.name}: skipped{' (optional)' * self.optional}: {self.skipped}"] if self.skipped else []
         out += [f"{self.name}: failed: {self.failed}"] if self.failed else []
         for p in self.points:
-            who = f"{self.name} ({p.cell.label})" if p.cell.label else self.name
             if p.status == "failed":
-                out.append(f"{who} @ {p.metrics.load_mode} {p.metrics.load_value:g}: failed: {p.reason}")
+                out.append(f"{self.who(p.cell)} @ {p.metrics.load_mode} {p.metrics.load_value:g}: failed: {p.reason}")
             else:
-                out += warnings_for(who, p.metrics)
-        for label in dict.fromkeys(p.cell.label for p in self.points):
-            out += idle_warnings(f"{self.name} ({label})" if label else self.name,
-                                 [p.metrics for p in self.points if p.cell.label == label and p.status == "ok"])
+                out += warnings_for(self.who(p.cell), p.metrics)
+        for label, cell in {p.cell.label: p.cell for p in self.points}.items():
+            out += idle_warnings(self.who(cell), [p.metrics for p in self.points
+                                                  if p.cell.label == label and p.status == "ok"])
         for cell, search in self.searches:
-            out += search.warnings(f"{self.name} ({cell.label})" if cell.label else self.name)
+            out += search.warnings(self.who(cell))
         if not self.skipped and not self.failed and self.points and not self.measured:
             out.append(f"{self.name}: no request was answered at any load point")
         return out

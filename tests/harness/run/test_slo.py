@@ -3,6 +3,7 @@ whole search against a single FIFO server with a fixed service time, whose max r
 the SLO comes from simulating the same M/D/1 queue on the same arrivals."""
 import asyncio
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -147,8 +148,6 @@ def test_finds_the_max_rate_of_a_fifo_server_within_ten_percent():
 
 
 def _probe(rate, mean_ms, meets=False):
-    from dataclasses import replace
-
     from harness.run.slo import Probe
     m = replace(summarise(_point([mean_ms] * 3), UNIT_SHAPE, float("nan")), load_value=rate)
     return Probe(rate, meets, "" if meets else "mean over", m)
@@ -175,10 +174,5 @@ def test_latency_that_rose_as_the_rate_fell_is_named():
     # two points at one rate are not a trend
     assert latency_rose_as_rate_fell([_probe(10, 40).metrics, _probe(10, 12).metrics]) is None
     # closed-loop points are not rates: left out
-    closed = replace_mode(idle[-1].metrics, "closed")
+    closed = replace(idle[-1].metrics, load_mode="closed")
     assert latency_rose_as_rate_fell([closed, idle[2].metrics]) is None
-
-
-def replace_mode(m, mode):
-    from dataclasses import replace
-    return replace(m, load_mode=mode)

@@ -45,7 +45,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <memory>
 #include <vector>
 
 namespace {
@@ -424,15 +423,15 @@ std::tuple<at::Tensor, at::Tensor> head_gemm_summary_bf16(const at::Tensor& hidd
     std::vector<float> buf;
     explicit Worker(const Logits& l) : tiles(l.amx, TILE_ROWS), buf(l.buffer_rows() * LDC) {}
   };
-  bounded::each_share(chunks, slabs, [&] { return std::make_unique<Worker>(logits); },
-                     [&](int64_t slab, int64_t c0, int64_t c1, std::unique_ptr<Worker>& w) {
+  bounded::each_share(chunks, slabs, [&] { return Worker(logits); },  // built in place: Tiles do not move
+                     [&](int64_t slab, int64_t c0, int64_t c1, Worker& w) {
     auto& mine = sums[slab];
     for (int64_t c = c0; c < c1; ++c)
       for (int64_t r0 = 0; r0 < b; r0 += step) {
         const int64_t rows = std::min(step, b - r0), n = std::min(CHUNK, vocab - c * CHUNK);
-        logits.chunk(r0, rows, pk, c * CHUNK, w->buf.data());
+        logits.chunk(r0, rows, pk, c * CHUNK, w.buf.data());
         for (int64_t r = 0; r < rows; ++r)
-          summarise(w->buf.data() + r * LDC, n, c * CHUNK, mine[r0 + r], bp, nbanned,
+          summarise(w.buf.data() + r * LDC, n, c * CHUNK, mine[r0 + r], bp, nbanned,
                     bm + (r0 + r) * nb + c * (CHUNK / BLK));
       }
   });

@@ -1,8 +1,8 @@
 // Splitting a kernel's work between torch's threads in fixed shares, each thread taking the
 // next share from a shared counter as it finishes one. at::parallel_for's static split (one
 // range a thread) left a thread waiting on the other's range whenever the machine slowed one
-// of them: the fused beam heads' summary (tens of ms at K = 896) ran 20-45 % faster this way on
-// a busy Xeon with AMX (2026-12-07); the prefill attention's units (varlen_units.h) were
+// of them: the fused beam heads' summary ran 16-48 % faster this way at K = 896 (tens of ms a
+// call) and 21-32 % at K = 64 on a busy Xeon with AMX (2026-12-07); the prefill attention's units (varlen_units.h) were
 // shared this way before; the norms and SwiGLU (under a millisecond a call) showed no
 // difference and keep the static split. Which thread takes a share changes nothing in what it
 // computes.
