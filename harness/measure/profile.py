@@ -1,8 +1,8 @@
 """Where a request's time goes, by class: the torch.profiler events of the measured requests
 sorted into GEMMs, attention, norms/elementwise and head + selection, and the rest of the
-request's wall time as host time (request check + tokenize, batching wait, pack, and Python
-between calls), so that the classes add up to the request's time by construction, and each
-measured class is what the profiler saw.
+request's wall time as host time (request check + tokenize, batching wait, pack, the compiled
+packages' time between their kernels, and Python between calls), so that the classes add up
+to the request's time by construction, and each measured class is what the profiler saw.
 
 Each event is attributed whole to the first class that claims it, walking down from the
 roots (a claimed event's children are not visited): a profiler range the engine opens
@@ -13,6 +13,11 @@ log-sum-exp and block maxima, runs on the tile while it is in cache, and its
 `head_choose_bf16` is selection); then names: GEMM externs (oneDNN linear, mm), attention ops (flash SDPA, the per-sequence
 op, batched matmuls, fused softmax kernels), and any other kernel or aten op is
 norms/elementwise. Wrappers that are none of these are descended into.
+
+A compiled package's call is the range `bounded::graph`, which claims nothing itself: its
+kernels are classed as any others, and the rest of its time -- the package's own code between
+its kernels, each kernel's OpenMP fork and join -- is its gaps (`KernelTimes.graph_gaps`), a
+part of host time apart from the Python around the calls.
 
 A kernel Inductor fused is named after the nodes it came from, the attention's neighbours
 included: the RoPE and q/k norms that feed the attention op are "..._varlen_attention_view_1"
@@ -29,6 +34,7 @@ CLASSES = ("gemm", "attention", "norms_elementwise", "head_selection", "host")
 LABELS = {"gemm": "GEMMs", "attention": "attention", "norms_elementwise": "norms / elementwise / copies",
           "head_selection": "head + selection", "host": "host (outside kernels)"}
 RANGES = {"bounded::attention": "attention", "bounded::head": "head_selection", "bounded::select": "head_selection"}
+GRAPH = "bounded::graph"  # a compiled package's call (engines/bounded/runtime/aot.PackageCall)
 GEMM_NAMES = ("linear_pointwise", "head_gemm_summary", "aten::linear", "aten::mm", "aten::addmm", "mm_out", "addmm_out", "_int_mm",
               "qlinear", "aten::_weight_int8pack_mm", "cublas", "gemm", "aten::_scaled_mm")
 ATTENTION_NAMES = ("scaled_dot_product", "flash_attention", "varlen_attention", "beam_attention", "bmm", "softmax")
@@ -60,30 +66,39 @@ def classify(name: str, context: Optional[str]) -> Optional[str]:
     return None
 
 
-def class_times(events: Iterable[Any]) -> dict[str, float]:
+@dataclass(frozen=True)
+class KernelTimes:
+    classes: dict[str, float]  # microseconds per class (CLASSES but host)
+    graph_gaps: float = 0.0  # microseconds inside compiled packages' calls outside their kernels
+
+
+def class_times(events: Iterable[Any]) -> KernelTimes:
     """Microseconds per class over profiler events (FunctionEvent: name, thread,
     cpu_children, cpu_parent, cpu_time_total), on the thread that ran the most of them: the
     engine's model thread. Other threads' events run inside it (an op's worker pool), and
     counting them too would count that time twice."""
     events = list(events)
-    per_thread: dict[Any, dict[str, float]] = {}
-    for thread in {getattr(e, "thread", 0) for e in events}:
-        per_thread[thread] = _class_times([e for e in events if getattr(e, "thread", 0) == thread])
-    return max(per_thread.values(), key=lambda t: sum(t.values()), default=_class_times([]))
+    per_thread = [_class_times([e for e in events if getattr(e, "thread", 0) == thread])
+                  for thread in {getattr(e, "thread", 0) for e in events}]
+    return max(per_thread, key=lambda t: sum(t.classes.values()), default=_class_times([]))
 
 
-def _class_times(events: list[Any]) -> dict[str, float]:
+def _class_times(events: list[Any]) -> KernelTimes:
     totals = {c: 0.0 for c in CLASSES if c != "host"}
-    stack = [(e, None) for e in events if e.cpu_parent is None]
+    graphs = inside = 0.0
+    stack = [(e, None, False) for e in events if e.cpu_parent is None]
     while stack:
-        event, context = stack.pop()
+        event, context, in_graph = stack.pop()
         cls = classify(event.name, context)
         if cls is not None:
             totals[cls] += event.cpu_time_total
+            inside += event.cpu_time_total if in_graph else 0.0
             continue
+        if event.name == GRAPH and not in_graph:
+            graphs += event.cpu_time_total
         inner = RANGES.get(event.name, context)
-        stack.extend((child, inner) for child in event.cpu_children)
-    return totals
+        stack.extend((child, inner, in_graph or event.name == GRAPH) for child in event.cpu_children)
+    return KernelTimes(totals, max(0.0, graphs - inside))
 
 
 @dataclass(frozen=True)
@@ -96,11 +111,13 @@ class ClassRow:
     floor_ms: Optional[float] = None  # the work at the measured isolated rate / bandwidth
 
 
-def host_parts(host_ms: float, stages: dict[str, float]) -> list[tuple[str, float]]:
-    """Host time split by the engine's own stage times (ms per request): request check +
-    tokenize, batching wait, pack; the rest is Python between calls (and the harness)."""
+def host_parts(host_ms: float, stages: dict[str, float], graph_gaps_ms: float = 0.0) -> list[tuple[str, float]]:
+    """Host time split by the engine's own stage times (ms per request) -- request check +
+    tokenize, batching wait, pack -- and the compiled packages' time between their kernels;
+    the rest is Python between calls (and the harness)."""
     named = [("check + tokenize", stages.get("tokenize", 0.0)), ("batching wait", stages.get("queue", 0.0)),
              ("pack", stages.get("pack", 0.0))]
     named = [(n, max(0.0, ms)) for n, ms in named]
     rest = max(0.0, host_ms - sum(ms for _, ms in named))
-    return [*named, ("Python between calls", rest)]
+    gaps = min(max(0.0, graph_gaps_ms), rest)
+    return [*named, ("graphs, between kernels", gaps), ("Python between calls", rest - gaps)]

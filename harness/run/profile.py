@@ -112,7 +112,8 @@ def _profile(scenario: str, title: str, device: str, events, walls: list[float],
     of the mean request time as host time, split by the engine's stage times."""
     n = len(walls)
     request_ms = sum(walls) / n
-    per = {c: us / 1000.0 / n for c, us in class_times(events).items()}
+    times = class_times(events)
+    per = {c: us / 1000.0 / n for c, us in times.classes.items()}
     measured = sum(per.values())
     notes = []
     if measured > request_ms * 1.02:  # kernels on several threads at once (e.g. a server's pool)
@@ -125,7 +126,7 @@ def _profile(scenario: str, title: str, device: str, events, walls: list[float],
     for c in CLASSES[:-1]:
         rows.append(_row(c, per[c], total, work.get(c)))
     rows.append(ClassRow("host", round(host, 3), round(host / total, 4)))
-    rows += [ClassRow(f"host: {name}", round(ms, 3), round(ms / total, 4)) for name, ms in host_parts(host, mean_stages)]
+    rows += [ClassRow(f"host: {name}", round(ms, 3), round(ms / total, 4)) for name, ms in host_parts(host, mean_stages, times.graph_gaps / 1000.0 / n)]
     return Profile(scenario, title, device, n, round(request_ms, 3), rows, notes)
 
 

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from engines.bounded.runtime import aligned
+from engines.bounded.runtime.spans import span
 
 
 def cache_root() -> Path:
@@ -95,7 +96,8 @@ class PackageCall:
 
     def __call__(self, *args: Any) -> Any:
         flat = [a for a in args if isinstance(a, torch.Tensor)]
-        return self._unflatten(self.loader.boxed_run(flat), self._out_spec)
+        with span("bounded::graph"):  # bench profile: the package's time between its kernels
+            return self._unflatten(self.loader.boxed_run(flat), self._out_spec)
 
 
 def load_package(path: Path, single_threaded: bool = False) -> PackageCall:

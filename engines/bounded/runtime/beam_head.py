@@ -24,6 +24,7 @@ from engines.bounded.model.precision import PrecisionPolicy
 from engines.bounded.programs.beam import BeamHeadTail
 from engines.bounded.runtime.buffers import BeamBuffers
 from engines.bounded.runtime.compiled import threads_for
+from engines.bounded.runtime.spans import span
 
 TAIL = "beam_head_tail"  # the package name (runtime.export)
 
@@ -74,7 +75,7 @@ class BeamHead:
         logits and their summary (LogitRows [rows, 1, ...]), or (fused) the rows themselves."""
         if self.fused:
             return head.HiddenRows(hidden[:, None], self.vocab, self)
-        with torch.profiler.record_function("bounded::head"), self._threads(hidden):
+        with span("bounded::head"), self._threads(hidden):
             return self._rows(hidden)
 
     def _threads(self, hidden: Tensor):
@@ -83,14 +84,14 @@ class BeamHead:
     def top(self, hidden: Tensor, cum: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
         """The fused head and choice: hidden [R * W, hidden], cum [R, W] -> each request's
         best k continuations: scores, parent rows, tokens [R, k] (select.top_continuations)."""
-        with torch.profiler.record_function("bounded::head"), self._threads(hidden):
+        with span("bounded::head"), self._threads(hidden):
             return native.beam_head_top(hidden.contiguous(), self.native, self.vocab, self.banned,
                                         cum.float().contiguous(), k)
 
     def logit_rows(self, hidden: Tensor) -> head.LogitRows | Tensor:
         """The fused head's logits and their summary, for a choice that reads logits (float32:
         the exact log-probabilities [rows, V])."""
-        with torch.profiler.record_function("bounded::head"), self._threads(hidden):
+        with span("bounded::head"), self._threads(hidden):
             if self.f32:
                 return self._rows(hidden)
             x = torch.ops.bounded_native.head_logits_bf16(hidden.contiguous(), self.native, self.vocab)

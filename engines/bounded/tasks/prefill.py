@@ -26,6 +26,7 @@ from engines.bounded.options import BoundedOptions
 from engines.bounded.plan import Plan, PrefillPlan
 from engines.bounded.runtime.buffers import PackedBatch, filler
 from engines.bounded.runtime.prefill import PrefillRuntime
+from engines.bounded.runtime.spans import span
 from engines.bounded.tasks.base import Task
 from engines.bounded.tasks.batcher import Pending
 from engines.bounded.tasks.dag import Dag, Node
@@ -173,7 +174,7 @@ class PrefillTask(Task):
         """Each request's softmax over its labels, in numpy (float64 from the float32 logits):
         a few dozen numbers, where a torch op's dispatch -- and, after a call that ran on
         one thread, the wake-up of the thread pool -- costs more than the arithmetic."""
-        with torch.profiler.record_function("bounded::select"):
+        with span("bounded::select"):
             x = logits.numpy()
             probs = []
             for (a, b), cols in zip(batch.rows, batch.cols):

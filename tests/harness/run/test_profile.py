@@ -62,13 +62,33 @@ def test_events_are_claimed_once_by_the_first_class_that_claims_them():
         w.thread = 7
     got = classes.class_times(flatten(*roots) + worker)
     # the op claims its own children; the head's GEMM stays a GEMM; ranges and wrappers add nothing of their own
-    assert got == {"gemm": 24.0, "attention": 9.0, "norms_elementwise": 7.75, "head_selection": 5.25}
+    assert got.classes == {"gemm": 24.0, "attention": 9.0, "norms_elementwise": 7.75, "head_selection": 5.25}
+    assert got.graph_gaps == 0.0
+
+
+def test_a_compiled_graphs_time_between_its_kernels_is_its_gaps():
+    roots = [
+        # a package call: 10 us, of which its kernels 4 + 3.5
+        tree("bounded::graph", 10.0, tree("aoti_torch_cpu__linear_pointwise", 4.0),
+             tree("graph_0_cpp_fused__to_copy_add_mean_mul_pow_rsqrt_0", 3.5)),
+        # a package called inside the head's range: all of it the head's (no gap counted twice)
+        tree("bounded::head", 6.0, tree("bounded::graph", 5.0, tree("graph_1_cpp_fused_amax_exp_0", 2.0))),
+        tree("aten::add", 1.0),  # outside any graph: no gap
+    ]
+    got = classes.class_times(flatten(*roots))
+    assert got.classes == {"gemm": 4.0, "attention": 0.0, "norms_elementwise": 4.5, "head_selection": 5.0}
+    assert got.graph_gaps == 2.5
 
 
 def test_host_parts_split_the_rest_by_the_engines_stage_times():
-    parts = classes.host_parts(3.0, {"tokenize": 0.5, "queue": 0.25, "pack": 0.75})
-    assert parts == [("check + tokenize", 0.5), ("batching wait", 0.25), ("pack", 0.75), ("Python between calls", 1.5)]
-    assert classes.host_parts(0.5, {"tokenize": 1.0})[-1] == ("Python between calls", 0.0)
+    parts = classes.host_parts(3.0, {"tokenize": 0.5, "queue": 0.25, "pack": 0.75}, graph_gaps_ms=0.5)
+    assert parts == [("check + tokenize", 0.5), ("batching wait", 0.25), ("pack", 0.75),
+                     ("graphs, between kernels", 0.5), ("Python between calls", 1.0)]
+    assert classes.host_parts(0.5, {"tokenize": 1.0})[-2:] == [("graphs, between kernels", 0.0),
+                                                              ("Python between calls", 0.0)]
+    # the gaps never exceed what host time has left
+    assert classes.host_parts(1.0, {"tokenize": 0.5}, graph_gaps_ms=2.0)[-2:] == [("graphs, between kernels", 0.5),
+                                                                                   ("Python between calls", 0.0)]
 
 
 def test_gemm_work_is_every_layer_gemm_and_the_head(tmp_path):
@@ -145,6 +165,7 @@ def test_a_profile_of_the_tiny_model_adds_up_to_its_requests(tmp_path, tiny_dir)
     assert sum(r.ms for r in p.rows if r.name.startswith("host: ")) == pytest.approx(rows["host"].ms, abs=0.01)
     assert rows["gemm"].ms > 0 and rows["attention"].ms > 0 and rows["norms_elementwise"].ms > 0
     assert rows["gemm"].floor_ms is not None and "GFLOP" in rows["gemm"].work
+    assert rows["host: graphs, between kernels"].ms == 0.0  # eager: no compiled package
     written = profile.write(p, tmp_path / "out")
     assert [f.name for f in written] == ["profile.json", "profile.csv", "profile.html"]
     assert "Where a request" in (tmp_path / "out" / "profile.html").read_text()

@@ -80,6 +80,13 @@ def test_compile_once_then_load_and_recompile_on_key_change(engine_factory, cach
     assert _package(second)["package"] == d["package"]
     again = asyncio.run(second.submit(reqs[0]))
     assert torch.allclose(torch.tensor(again.scores), torch.tensor(got[0].scores), atol=1e-6)
+    # under a profiler (every thread: the call runs on the engine's), the package call is
+    # bench profile's range, its kernels inside it
+    threads = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], experimental_config=threads) as prof:
+        asyncio.run(second.submit(reqs[0]))
+    graphs = [e for e in prof.events() if e.name == "bounded::graph"]
+    assert len(graphs) == 1 and graphs[0].cpu_children
 
     bf16 = engine_factory("bfloat16", precision="bfloat16")  # changed key: compiles a new package
     assert _package(bf16)["compiled_now"] is True
