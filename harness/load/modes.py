@@ -9,6 +9,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from harness.measure.records import LoadPoint
 from harness.load.loadgen import Tick, poisson_schedule, run_closed, run_poisson
+from harness.scenario.errors import ScenarioError
 from harness.scenario.load import ClosedLoad, PoissonLoad
 
 
@@ -132,6 +133,31 @@ class PoissonMode:
 
 
 LOAD_MODES: dict[str, LoadMode] = {m.name: m for m in (ClosedMode(), PoissonMode())}
+
+WARMUP_S_MOST = 5.0  # a closed scenario's warm-up requests, as seconds of Poisson arrivals, at most
+
+
+def in_asked_mode(load: Any, ov: LoadOverrides, log: Callable[[str], None]) -> Any:
+    """The load in the mode the command line asks for: `--rate` alone makes a closed
+    scenario's load Poisson arrivals at those rates, `--concurrency` alone a Poisson one's
+    closed loops, each sized by the scenario's request count (a closed load's warm-up requests
+    become seconds at the slowest rate, at most WARMUP_S_MOST). Not validated here: the
+    caller's revalidation names the flags. Both flags at once name two modes: ScenarioError."""
+    if ov.rate and ov.concurrency:
+        raise ScenarioError("--rate (Poisson arrivals) and --concurrency (closed loops) name two load modes: give one")
+    if ov.rate and isinstance(load, ClosedLoad):
+        warmup_s = min(WARMUP_S_MOST, load.warmup_requests / min(ov.rate))
+        log(f"--rate on a closed-loop scenario: Poisson arrivals at those rates instead, after {warmup_s:.3g} s "
+            "of warm-up arrivals")
+        return PoissonLoad.model_construct(mode="poisson", rate=list(ov.rate), requests=load.requests,
+                                           duration_s=None, warmup_s=warmup_s, timeout_s=load.timeout_s)
+    if ov.concurrency and isinstance(load, PoissonLoad):
+        requests = load.requests or ClosedLoad.model_fields["requests"].default
+        log("--concurrency on a Poisson scenario: closed loops at those levels instead")
+        return ClosedLoad.model_construct(mode="closed", concurrency=list(ov.concurrency), requests=requests,
+                                          warmup_requests=ClosedLoad.model_fields["warmup_requests"].default,
+                                          timeout_s=load.timeout_s)
+    return load
 
 
 class UnknownLoadMode(ValueError):

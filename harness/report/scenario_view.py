@@ -48,6 +48,8 @@ def load_ran(run: RunFiles) -> dict[str, Any]:
                      _differs([float(w) for w in warm or [0]], asked.get("warmup_requests"), lambda v: f"{v:g}")))
     elif asked.get("duration_s") is not None:
         rows.append(("seconds per point (file)", f"{float(asked['duration_s']):g}", None))
+    if asked.get("mode") not in (None, mode):  # the command line's --rate or --concurrency switched it
+        rows.insert(0, ("mode", MODE_WORDS.get(mode, mode), MODE_WORDS.get(asked["mode"], asked["mode"])))
     return {"mode": MODE_WORDS.get(mode, mode), "ran": rows, "differs": any(f is not None for _, _, f in rows)}
 
 

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from harness.device.peak import device_peaks
 from harness.load.loadgen import no_progress
-from harness.load.modes import LoadOverrides, load_mode
+from harness.load.modes import LoadOverrides, in_asked_mode, load_mode
 from harness.measure.flops import model_shape
 from harness.measure.metrics import P99_MIN_REQUESTS
 from harness.measure.agreement import RECALL_REFERENCE, beam_recall, constrained_beams
@@ -114,7 +114,8 @@ def emulation_warnings(er: "EngineRun", peaks: Any) -> list[str]:
 
 def effective_load(scenario: Scenario, ov: Overrides, device: str, log: Callable[[str], None]):
     """The scenario's load with CPU limits and command-line overrides applied."""
-    load = scenario.load
+    asked = LoadOverrides(ov.requests, ov.duration_s, ov.concurrency, ov.rate)
+    load = in_asked_mode(scenario.load, asked, log)
     upd: dict[str, Any] = {}
     names: dict[str, str] = {}
     cpu = scenario.cpu if device == "cpu" else None
@@ -126,7 +127,7 @@ def effective_load(scenario: Scenario, ov: Overrides, device: str, log: Callable
                 "command-line flags override")
             upd.update(cpu_upd)
             names.update({k: f"field cpu.{k}" for k in cpu_upd})
-    flags = load_mode(load).override(load, LoadOverrides(ov.requests, ov.duration_s, ov.concurrency, ov.rate), log)
+    flags = load_mode(load).override(load, asked, log)
     upd.update(flags)
     names.update({k: FLAGS.get(k, f"field load.{k}") for k in flags})
     return revalidated(load, upd, names, "the run's load (scenario, cpu limits, command line)", "load.")

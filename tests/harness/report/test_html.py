@@ -201,6 +201,22 @@ def test_scenario_table_shows_what_ran_beside_the_file(prefill_run):
     assert "measured requests per point <b>4</b> <span class=\"file\">(file: 20)</span>" in row, row
 
 
+def test_scenario_table_says_when_the_command_line_switched_the_load_mode():
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from harness.report.scenario_view import load_ran
+
+    run = SimpleNamespace(run={"scenario": {"content": {"load": {"mode": "closed", "concurrency": [1], "requests": 5}}}},
+                          sweep=pd.DataFrame({"load_mode": ["poisson"] * 2, "load_value": [2.0, 8.0],
+                                              "status": ["ok"] * 2, "requests": [5, 5]}),
+                          requests=pd.DataFrame({"warmup": [], "engine": [], "cell": [], "load_value": []}))
+    view = load_ran(run)
+    assert view["ran"][0] == ("mode", "Poisson arrivals", "closed loop") and view["differs"]
+    assert view["ran"][1] == ("rate", "2, 8", None)
+
+
 def _figures(monkeypatch, run):
     """Every matplotlib Figure the report of `run` draws."""
     from harness.report import plots

@@ -28,6 +28,26 @@ def test_command_line_overrides_win():
     assert (load.duration_s, load.rate) == (2.5, [10.0])
 
 
+def test_rate_alone_makes_a_closed_scenario_poisson_and_concurrency_alone_the_reverse():
+    from harness.scenario.errors import ScenarioError
+    from harness.scenario.load import ClosedLoad, PoissonLoad
+
+    sc = load_scenario(SCENARIOS / "beam_short.yaml")  # closed; cpu: 3 requests, 1 warm-up
+    notes = []
+    load = effective_load(sc, Overrides(rate=[2.0, 8.0]), "cpu", notes.append)
+    assert isinstance(load, PoissonLoad) and load.rate == [2.0, 8.0] and load.requests == 3
+    assert load.warmup_s == pytest.approx(sc.load.warmup_requests / 2.0)  # the warm-up requests at the slowest rate
+    assert any("Poisson arrivals" in n for n in notes)
+    assert effective_load(sc, Overrides(rate=[0.01], requests=4), "cpu", lambda m: None).warmup_s == 5.0
+    with pytest.raises(ScenarioError, match="--rate: every rate"):  # checked as the flag
+        effective_load(sc, Overrides(rate=[1e9]), "cpu", lambda m: None)
+    with pytest.raises(ScenarioError, match="two load modes"):
+        effective_load(sc, Overrides(rate=[2.0], concurrency=[2]), "cpu", lambda m: None)
+    poisson = load_scenario(SCENARIOS / "noop_ceiling.yaml")
+    load = effective_load(poisson, Overrides(concurrency=[2, 4], requests=6), "cpu", lambda m: None)
+    assert isinstance(load, ClosedLoad) and (load.concurrency, load.requests) == ([2, 4], 6)
+
+
 def test_load_points_never_repeat_a_request(tokenizer):
     import asyncio
 
