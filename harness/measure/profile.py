@@ -73,9 +73,9 @@ class KernelTimes:
 
 
 def class_times(events: Iterable[Any]) -> KernelTimes:
-    """Microseconds per class over profiler events (FunctionEvent: name, thread,
-    cpu_children, cpu_parent, cpu_time_total), on the thread that ran the most of them: the
-    engine's model thread. Other threads' events run inside it (an op's worker pool), and
+    """Microseconds per class, and the compiled graphs' gaps, over profiler events
+    (FunctionEvent: name, thread, cpu_children, cpu_parent, cpu_time_total), on the thread
+    that ran the most of them: the engine's model thread. Other threads' events run inside it (an op's worker pool), and
     counting them too would count that time twice."""
     events = list(events)
     per_thread = [_class_times([e for e in events if getattr(e, "thread", 0) == thread])
