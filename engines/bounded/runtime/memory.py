@@ -9,8 +9,18 @@ by page (the kernel zeroing each 4 KB). Measured on a Xeon with AMX (2026-12-06)
 at concurrency 4, 0.97 -> 1.22-1.28 requests/s (alternated runs); an eager oneDNN int8 GEMM
 [1,440, 1,024] x [1,024, 6,144] in a fresh process, 15.7 -> 4.3 ms a call.
 
-`keep_freed_memory()` turns both off (M_MMAP_MAX 0: every block from the heap;
-M_TRIM_THRESHOLD at its largest: the heap never shrinks) until the last holder calls
+The engine's model thread allocates from an arena of its own, whose heaps (64 MB at most
+each) glibc unmaps as soon as one is wholly free, whatever the trim threshold: with the two
+settings below alone, steady-state prefill_15 requests still made ~350 mmaps, ~700 munmaps
+and ~350 page faults each (a Xeon with AMX, 2026-12-07, `perf stat`; one run of 20 fell into
+245,728 faults a request and 1,225 ms against ~900). A top pad of a whole heap stops that
+(glibc keeps a free heap while the pad exceeds what deleting it would leave): 0 of each, and
+a request of a token count not met before 5,100-5,600 faults (new oneDNN kernels, the heap's
+growth) against 8,700-26,000 (alternated; the times within that hour's noise).
+
+`keep_freed_memory()` sets all three (M_MMAP_MAX 0: every block from the heap;
+M_TRIM_THRESHOLD at its largest: the heap never shrinks; M_TOP_PAD a heap: a thread's heaps
+stay) until the last holder calls
 `release()`, which puts glibc's defaults back (its dynamic mmap threshold stays where it was)
 and hands the kept memory back with `malloc_trim(0)`: without it a freed block left at the
 heap's top, or in a hole below a live one, would stay in the process (and serve the next large
@@ -27,8 +37,9 @@ import platform
 import threading
 from typing import Optional
 
-M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # mallopt parameters (malloc.h)
-DEFAULT_TRIM_THRESHOLD, DEFAULT_MMAP_MAX = 128 * 1024, 65536  # glibc's defaults
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_MAX = -1, -2, -4  # mallopt parameters (malloc.h)
+DEFAULT_TRIM_THRESHOLD, DEFAULT_TOP_PAD, DEFAULT_MMAP_MAX = 128 * 1024, 128 * 1024, 65536  # glibc's defaults
+HEAP_PAD = 64 << 20  # a thread arena's heap size (HEAP_MAX_SIZE, 64-bit): as top pad, no heap is ever deleted
 
 _lock = threading.Lock()
 _holders = 0
@@ -62,6 +73,7 @@ class Held:
                 libc = _libc()
                 libc.mallopt(M_MMAP_MAX, DEFAULT_MMAP_MAX)
                 libc.mallopt(M_TRIM_THRESHOLD, DEFAULT_TRIM_THRESHOLD)
+                libc.mallopt(M_TOP_PAD, DEFAULT_TOP_PAD)
                 libc.malloc_trim(0)
 
 
@@ -75,7 +87,8 @@ def keep_freed_memory() -> Held:
     if mallopt is None:
         return Held(False)
     with _lock:
-        if _holders == 0 and not (mallopt(M_MMAP_MAX, 0) and mallopt(M_TRIM_THRESHOLD, 2**31 - 1)):
+        if _holders == 0 and not (mallopt(M_MMAP_MAX, 0) and mallopt(M_TRIM_THRESHOLD, 2**31 - 1)
+                                  and mallopt(M_TOP_PAD, HEAP_PAD)):
             return Held(False)
         _holders += 1
     return Held(True)
