@@ -126,7 +126,8 @@ def _profile(scenario: str, title: str, device: str, events, walls: list[float],
     for c in CLASSES[:-1]:
         rows.append(_row(c, per[c], total, work.get(c)))
     rows.append(ClassRow("host", round(host, 3), round(host / total, 4)))
-    rows += [ClassRow(f"host: {name}", round(ms, 3), round(ms / total, 4)) for name, ms in host_parts(host, mean_stages, times.graph_gaps / 1000.0 / n)]
+    parts = host_parts(host, mean_stages, times.graph_gaps / 1000.0 / n)
+    rows += [ClassRow(f"host: {name}", round(ms, 3), round(ms / total, 4)) for name, ms in parts]
     return Profile(scenario, title, device, n, round(request_ms, 3), rows, notes)
 
 

@@ -32,12 +32,11 @@ from engines.bounded.model.families import read_model_config
 from engines.bounded.model.precision import PrecisionPolicy
 from engines.bounded.plan import BeamPlan
 from engines.bounded.programs.beam import BeamDecodeStep, BeamPrefill
-from engines.bounded.runtime import beam_head, export
+from engines.bounded.runtime import beam_head, export, spans
 from engines.bounded.runtime.beam_batch import BeamBatch, BeamJob, BeamOutput, BeamState
 from engines.bounded.runtime.buffers import BeamBuffers, filler
 from engines.bounded.runtime.compiled import CompiledRuntime, Graph, threads_for
 from engines.bounded.runtime.graphs import Backend, CudaBackend, GraphSet
-from engines.bounded.runtime.spans import span
 
 
 class BeamRuntime(CompiledRuntime):
@@ -254,7 +253,7 @@ class BeamRuntime(CompiledRuntime):
                 t: int) -> BeamState:
         """logp: [R, w_in, V], cum/nodes: [R, w_in] -> the next [R, W] beams, whose t-th
         token (0-based) is chosen here (their parents' trie nodes lie at depth t)."""
-        with span("bounded::select"):
+        with spans.span("bounded::select"):
             scores, parents, tokens, new_nodes = select.next_beams(logp, cum, nodes, batch.choice, depth=t)
         history = state.history.gather(1, parents[:, :, None].expand_as(state.history))
         history[:, :, t] = tokens

@@ -172,7 +172,7 @@ def test_long_text_is_tokenized_off_the_event_loop(truncating):
     for that, whatever the machine's speed: compared with the time the big requests take."""
     big = {**GOOD, "items": [" word" * 200_000, " red"]}
 
-    async def main() -> tuple[float, float]:
+    async def main() -> tuple[list[float], float]:
         async with httpx.AsyncClient(base_url=truncating.url, timeout=120) as client:
             t0 = time.perf_counter()
             work = asyncio.gather(*[client.post("/v1/score", json=big) for _ in range(4)])
@@ -187,10 +187,12 @@ def test_long_text_is_tokenized_off_the_event_loop(truncating):
             rs = await work
             assert all(r.status_code == 200 for r in rs), rs[0].text
             assert rs[0].json()["usage"]["prompt_tokens"] == 64 + 1  # cut to the bounds (end kept), + " red"
-            return max(health), time.perf_counter() - t0
+            return health, time.perf_counter() - t0
 
-    worst_health, total = asyncio.run(main())
-    assert worst_health < total / 4, (worst_health, total)
+    health, total = asyncio.run(main())
+    # all but the worst probe: one stall of a busy machine (0.27 s of 1.06 in a CI run) is not
+    # the loop tokenizing, which would hold a probe behind each of the four requests' texts
+    assert sorted(health)[-2 if len(health) > 1 else -1] < total / 4, (sorted(health), total)
 
 
 def test_sigterm_with_stalled_clients_stops_promptly(tmp_path, tiny_dir):
