@@ -137,16 +137,19 @@ LOAD_MODES: dict[str, LoadMode] = {m.name: m for m in (ClosedMode(), PoissonMode
 WARMUP_S_MOST = 5.0  # a closed scenario's warm-up requests, as seconds of Poisson arrivals, at most
 
 
-def in_asked_mode(load: Any, ov: LoadOverrides, log: Callable[[str], None]) -> Any:
+def in_asked_mode(load: Any, ov: LoadOverrides, log: Callable[[str], None],
+                  warmup_requests: int | None = None) -> Any:
     """The load in the mode the command line asks for: `--rate` alone makes a closed
     scenario's load Poisson arrivals at those rates, `--concurrency` alone a Poisson one's
     closed loops, each sized by the scenario's request count (a closed load's warm-up requests
-    become seconds at the slowest rate, at most WARMUP_S_MOST). Not validated here: the
-    caller's revalidation names the flags. Both flags at once name two modes: ScenarioError."""
+    -- `warmup_requests` where given: a CPU run's limit -- become seconds at the slowest rate,
+    at most WARMUP_S_MOST). Not validated here: the caller's revalidation names the flags.
+    Both flags at once name two modes: ScenarioError."""
     if ov.rate and ov.concurrency:
         raise ScenarioError("--rate (Poisson arrivals) and --concurrency (closed loops) name two load modes: give one")
     if ov.rate and isinstance(load, ClosedLoad):
-        warmup_s = min(WARMUP_S_MOST, load.warmup_requests / min(ov.rate))
+        warm = load.warmup_requests if warmup_requests is None else warmup_requests
+        warmup_s = min(WARMUP_S_MOST, warm / min(ov.rate))
         log(f"--rate on a closed-loop scenario: Poisson arrivals at those rates instead, after {warmup_s:.3g} s "
             "of warm-up arrivals")
         return PoissonLoad.model_construct(mode="poisson", rate=list(ov.rate), requests=load.requests,

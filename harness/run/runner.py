@@ -115,10 +115,10 @@ def emulation_warnings(er: "EngineRun", peaks: Any) -> list[str]:
 def effective_load(scenario: Scenario, ov: Overrides, device: str, log: Callable[[str], None]):
     """The scenario's load with CPU limits and command-line overrides applied."""
     asked = LoadOverrides(ov.requests, ov.duration_s, ov.concurrency, ov.rate)
-    load = in_asked_mode(scenario.load, asked, log)
+    cpu = scenario.cpu if device == "cpu" else None
+    load = in_asked_mode(scenario.load, asked, log, cpu.warmup_requests if cpu is not None else None)
     upd: dict[str, Any] = {}
     names: dict[str, str] = {}
-    cpu = scenario.cpu if device == "cpu" else None
     if cpu is not None:
         cpu_upd = {k: v for k, v in cpu.model_dump().items() if v is not None and k in type(load).model_fields}
         if cpu_upd:

@@ -11,8 +11,9 @@ at concurrency 4, 0.97 -> 1.22-1.28 requests/s (alternated runs); an eager oneDN
 
 The engine's model thread allocates from an arena of its own, whose heaps (64 MB at most
 each) glibc unmaps as soon as one is wholly free, whatever the trim threshold: with the two
-settings below alone, steady-state prefill_15 requests still made ~350 mmaps, ~700 munmaps
-and ~350 page faults each (a Xeon with AMX, 2026-12-07, `perf stat`; one run of 20 fell into
+settings below alone, steady-state prefill_15 requests still made 250-350 mmaps, twice as
+many munmaps and 110-360 page faults each (a Xeon with AMX, 2026-12-07: `perf stat` over 6 s
+of ~1 s requests, getrusage per request; one run of 20 fell into
 245,728 faults a request and 1,225 ms against ~900). A top pad of a whole heap stops that
 (glibc keeps a free heap while the pad exceeds what deleting it would leave): 0 of each, and
 a request of a token count not met before 5,100-5,600 faults (new oneDNN kernels, the heap's

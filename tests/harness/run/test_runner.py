@@ -36,7 +36,11 @@ def test_rate_alone_makes_a_closed_scenario_poisson_and_concurrency_alone_the_re
     notes = []
     load = effective_load(sc, Overrides(rate=[2.0, 8.0]), "cpu", notes.append)
     assert isinstance(load, PoissonLoad) and load.rate == [2.0, 8.0] and load.requests == 3
-    assert load.warmup_s == pytest.approx(sc.load.warmup_requests / 2.0)  # the warm-up requests at the slowest rate
+    # the CPU run's warm-up requests (1; the file's 10 elsewhere) at the slowest rate
+    assert sc.cpu.warmup_requests != sc.load.warmup_requests
+    assert load.warmup_s == pytest.approx(sc.cpu.warmup_requests / 2.0)
+    assert effective_load(sc, Overrides(rate=[2.0]), "cuda", lambda m: None).warmup_s == pytest.approx(
+        sc.load.warmup_requests / 2.0)
     assert any("Poisson arrivals" in n for n in notes)
     assert effective_load(sc, Overrides(rate=[0.01], requests=4), "cpu", lambda m: None).warmup_s == 5.0
     with pytest.raises(ScenarioError, match="--rate: every rate"):  # checked as the flag
