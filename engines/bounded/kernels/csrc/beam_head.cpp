@@ -280,27 +280,47 @@ struct Logits {
 };
 
 // One pass over a chunk row's n logits, each rounded to bf16 as it is read (a no-op where the
-// AVX512-BF16 form stored them rounded): the sum of exp(x - ref) into *sum, the largest of
-// each BLK tokens (the last block may be short) into bmax, unless `sum` is null; -> the
-// largest of all.
+// AVX512-BF16 form stored them rounded): with SUM the sum of exp(x - ref) into *sum, the
+// largest of each BLK tokens (the last block may be short) into bmax unless it is null; ->
+// the largest of all. A whole block is read as 4 pairs of vectors, each pair rounded by one
+// conversion into 32 bf16 and widened back in two unpacks (the lanes permuted within each
+// 128-bit lane: a sum and a maximum do not mind), with two sums and two maxima, unmasked:
+// the loop was bound by its one sum's latency and the per-vector masks (~10 cycles a vector
+// where its instructions need ~6). Only a short last block takes the masked loop.
+template <bool SUM>
 HEAD_TARGET float exp_sum_blocks(const float* x, int64_t n, float ref, float* sum, float* bmax) {
-  const __m512 vref = _mm512_set1_ps(ref), l2e = _mm512_set1_ps(LOG2E);
-  __m512 vsum = _mm512_setzero_ps();
+  const __m512 l2e = _mm512_set1_ps(LOG2E), shift = _mm512_set1_ps(ref * LOG2E), neg = _mm512_set1_ps(NEG_INF);
+  const __m512i zero = _mm512_setzero_si512();
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
   float most = NEG_INF;
   for (int64_t b0 = 0; b0 < n; b0 += BLK) {
-    __m512 vmax = _mm512_set1_ps(NEG_INF);
     const int64_t end = std::min(n, b0 + BLK);
-    for (int64_t j = b0; j < end; j += 16) {
-      const __mmask16 m = lanes(j, end);
-      const __m512 v = round_bf16(_mm512_maskz_loadu_ps(m, x + j));
-      vmax = _mm512_mask_max_ps(vmax, m, vmax, v);
-      if (sum != nullptr) vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(m, bounded::exp2_lean(_mm512_mul_ps(_mm512_sub_ps(v, vref), l2e))));
+    __m512 m0 = neg, m1 = neg;
+    if (end - b0 == BLK) {
+      for (int64_t j = b0; j < end; j += 32) {
+        const __m512i p = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + j + 16), _mm512_loadu_ps(x + j));
+        const __m512 lo = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, p));
+        const __m512 hi = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, p));
+        m0 = _mm512_max_ps(m0, lo);
+        m1 = _mm512_max_ps(m1, hi);
+        if (SUM) {
+          s0 = _mm512_add_ps(s0, bounded::exp2_lean(_mm512_fmsub_ps(lo, l2e, shift)));
+          s1 = _mm512_add_ps(s1, bounded::exp2_lean(_mm512_fmsub_ps(hi, l2e, shift)));
+        }
+      }
+    } else {
+      for (int64_t j = b0; j < end; j += 16) {
+        const __mmask16 m = lanes(j, end);
+        const __m512 v = round_bf16(_mm512_maskz_loadu_ps(m, x + j));
+        m0 = _mm512_mask_max_ps(m0, m, m0, v);
+        if (SUM) s0 = _mm512_add_ps(s0, _mm512_maskz_mov_ps(m, bounded::exp2_lean(_mm512_fmsub_ps(v, l2e, shift))));
+      }
     }
-    const float block = _mm512_reduce_max_ps(vmax);
+    const float block = _mm512_reduce_max_ps(_mm512_max_ps(m0, m1));
     if (bmax != nullptr) bmax[b0 / BLK] = block;
     most = std::max(most, block);
   }
-  if (sum != nullptr) *sum = _mm512_reduce_add_ps(vsum);
+  if (SUM) *sum = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
   return most;
 }
 
@@ -309,13 +329,13 @@ HEAD_TARGET float exp_sum_blocks(const float* x, int64_t n, float ref, float* su
 // to overflow -- and write its blocks' maxima, the banned tokens -inf.
 HEAD_TARGET void summarise(float* x, int64_t n, int64_t c0, RowSum& st, const int64_t* banned, int64_t nbanned,
                            float* bmax) {
-  if (st.m == NEG_INF) st.m = exp_sum_blocks(x, n, 0.0f, nullptr, nullptr);
+  if (st.m == NEG_INF) st.m = exp_sum_blocks<false>(x, n, 0.0f, nullptr, nullptr);
   float sc;
-  const float mc = exp_sum_blocks(x, n, st.m, &sc, bmax);
+  const float mc = exp_sum_blocks<true>(x, n, st.m, &sc, bmax);
   if (mc > st.m + 64.0f) {  // e^64 x V stays far below float32's range; past it, rescale
     st.s *= std::exp(st.m - mc);
     st.m = mc;
-    exp_sum_blocks(x, n, st.m, &sc, nullptr);
+    exp_sum_blocks<true>(x, n, st.m, &sc, nullptr);
   }
   st.s += sc;
   bool any = false;  // the log-softmax normalises over the banned tokens; the choice never takes them
@@ -324,7 +344,7 @@ HEAD_TARGET void summarise(float* x, int64_t n, int64_t c0, RowSum& st, const in
       x[banned[e] - c0] = NEG_INF;
       any = true;
     }
-  if (any) exp_sum_blocks(x, n, 0.0f, nullptr, bmax);
+  if (any) exp_sum_blocks<false>(x, n, 0.0f, nullptr, bmax);
 }
 
 void check_inputs(const at::Tensor& hidden, const at::Tensor& packed, int64_t vocab) {
