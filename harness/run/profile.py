@@ -149,7 +149,10 @@ def _work(shape: ModelShape, items, dtype: str, peak_tflops: float, fused_head: 
           kinds: dict[str, str] | None = None) -> dict[str, tuple[str, float, float]]:
     """Per request: {class: (the work in words, its amount, its floor in ms)}. `fused_head`:
     the beam head's softmax statistics ran inside its GEMM, and the choice recomputes only
-    the candidate blocks' logits (k x 128 per row group): no logits are read back. `kinds`:
+    the candidate blocks' logits (k x 128 per row group): no logits are read back, and none
+    are written, so the head GEMM's floor is its FLOPs at the peak rate or its weight read at
+    the measured bandwidth, whichever is longer (a library GEMM of its shape writes [rows, V]
+    logits: at hidden 64 that write alone took longer than the whole fused head). `kinds`:
     the GEMM kind of each layer group (qkv, o, gate_up, down; dense where absent): an int8
     group's floor is at the int8 kernel's rate on its shape."""
     import torch
@@ -160,15 +163,18 @@ def _work(shape: ModelShape, items, dtype: str, peak_tflops: float, fused_head: 
     elt = torch.empty((), dtype=getattr(torch, dtype)).element_size()
     gemm = sum(2 * m * k * o * times for (m, k, o), times in calls.items()) / n
     kind = _kind_by_weight(shape, kinds or {})
+    bandwidth = _bandwidth()
+    fused = {mko: t for mko, t in calls.items() if fused_head and beam and mko[1:] == (shape.hidden, shape.vocab)}
     floor = sum(flops / _isolated_rate(m, k, o, dtype, kind.get((k, o), "dense"))
-                for (m, k, o), flops in _by_shape(calls).items()) / n * 1000.0
+                for (m, k, o), flops in _by_shape({c: t for c, t in calls.items() if c not in fused}).items())
+    floor += sum(t * max(2.0 * m * k * o / (peak_tflops * 1e12), k * o * elt / bandwidth) for (m, k, o), t in fused.items())
+    floor = floor / n * 1000.0
     attn = sum(_attention_flops(shape, it, beam) for it in items) / n
     rows = sum(_rows(it, beam) for it in items) / n  # token rows through the layers
     h, q, kv, i = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.intermediate
     elementwise = shape.layers * rows * (10 * h + 2 * (q + kv) + 3 * i) * elt
     head_rows = sum(_head_rows(it, beam) for it in items) / n
     head = 2 * head_rows * shape.vocab * elt if beam and not fused_head else 0.0
-    bandwidth = _bandwidth()
     out = {"gemm": (f"{gemm / 1e9:,.2f} GFLOP", gemm, floor),
            "attention": (f"{attn / 1e9:,.2f} GFLOP", attn, attn / (peak_tflops * 1e12) * 1000.0),
            "norms_elementwise": (f"{elementwise / 1e6:,.1f} MB (estimate)", elementwise,

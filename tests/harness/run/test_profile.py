@@ -136,6 +136,34 @@ def test_an_int8_groups_floor_is_at_the_int8_kernels_rate(monkeypatch):
     assert sorted(seen) == [(8, 8, "dense"), (8, 16, "dense"), (8, 32, "int8"), (16, 8, "int8")]
 
 
+def test_a_fused_heads_floor_is_its_flops_at_peak_or_its_weight_read(monkeypatch):
+    """The fused head writes no logits: its floor is not a library GEMM's (which writes [rows,
+    V] of them) but the longer of its FLOPs at the peak rate and its weight read once a call."""
+    from engines.base import BeamRequest
+    from harness.run import profile
+
+    shape = ModelShape(layers=2, hidden=8, heads=2, kv_heads=1, head_dim=4, intermediate=16, vocab=100)
+
+    class Item:
+        def __init__(self, request, prompt_tokens):
+            self.request, self.prompt_tokens = request, prompt_tokens
+
+    seen = []
+    monkeypatch.setattr(profile, "_isolated_rate", lambda m, k, o, dtype, kind="dense": seen.append((k, o)) or 1e12)
+    monkeypatch.setattr(profile, "_bandwidth", lambda: 1e6)  # 1 MB/s: the weight read is the longer
+    items = [Item(BeamRequest("b", [1] * 6, 4, 3), (6,))]
+    layers = sum(2 * m * k * o * t for (m, k, o), t in profile._gemm_calls(shape, items, True).items()
+                 if o != shape.vocab)
+    fused = profile._work(shape, items, "bfloat16", 1.0, fused_head=True)["gemm"][2]
+    # the head runs 3 times (the prompt's row, then 2 steps of 4 rows), reading 8 x 100 bf16 each
+    assert fused == pytest.approx((layers / 1e12 + 3 * 8 * 100 * 2 / 1e6) * 1000.0)
+    assert (8, 100) not in seen
+    plain = profile._work(shape, items, "bfloat16", 1.0)["gemm"][2]  # logits written: the library's rate
+    assert plain == pytest.approx((layers + 2 * 8 * 100 * (1 + 2 * 4)) / 1e12 * 1000.0) and (8, 100) in seen
+    monkeypatch.setattr(profile, "_bandwidth", lambda: 1e15)  # now the FLOPs at the 1 TFLOP/s peak
+    assert profile._work(shape, items, "bfloat16", 1.0, fused_head=True)["gemm"][2] == pytest.approx(plain)
+
+
 def test_the_int8_isolated_rate_runs_on_an_int8_weight(monkeypatch):
     from engines.bounded.kernels import int8
     from harness.run import profile
