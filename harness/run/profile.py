@@ -167,7 +167,8 @@ def _work(shape: ModelShape, items, dtype: str, peak_tflops: float, fused_head: 
     fused = {mko: t for mko, t in calls.items() if fused_head and beam and mko[1:] == (shape.hidden, shape.vocab)}
     floor = sum(flops / _isolated_rate(m, k, o, dtype, kind.get((k, o), "dense"))
                 for (m, k, o), flops in _by_shape({c: t for c, t in calls.items() if c not in fused}).items())
-    floor += sum(t * max(2.0 * m * k * o / (peak_tflops * 1e12), k * o * elt / bandwidth) for (m, k, o), t in fused.items())
+    floor += sum(t * max(2.0 * m * k * o / (peak_tflops * 1e12), k * o * elt / bandwidth)
+                 for (m, k, o), t in fused.items())
     floor = floor / n * 1000.0
     attn = sum(_attention_flops(shape, it, beam) for it in items) / n
     rows = sum(_rows(it, beam) for it in items) / n  # token rows through the layers
