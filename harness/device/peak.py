@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from engines.hardware import FLOAT_DTYPES, Capabilities, onednn_int8_exact, onednn_packs_bf16, probe
@@ -153,6 +153,24 @@ def _measure_cpu(caps: Capabilities, seconds: float) -> dict[str, dict[str, floa
     return out
 
 
+SPOT_SHAPE = "2048 square"  # the cached shape a run measures again at its start and end
+SLOW_HOST = 0.85  # a host check under this share of the cached rate is reported
+
+
+def spot_rate(caps: Capabilities, dtype: str, seconds: float = 0.2) -> float:
+    """TFLOP/s of the SPOT_SHAPE GEMM of `dtype` on this host now: the best of ~`seconds` of
+    calls, measured as the cached rates are (measure_cpu)."""
+    from engines.bounded.runtime import memory
+    from engines.hardware import on_own_thread
+
+    m, k, n = gemm_shapes()[SPOT_SHAPE]
+    held = memory.keep_freed_memory()
+    try:
+        return on_own_thread(lambda: max(_best_rate(fn, 2.0 * m * k * n, seconds) for fn in float_gemms(dtype, m, k, n)))
+    finally:
+        held.release()
+
+
 @dataclass(frozen=True)
 class Peaks:
     """The device's dense rates per precision (TFLOP/s; int8 TOP/s) and the MFU denominator."""
@@ -163,6 +181,32 @@ class Peaks:
     source: str  # how the rates were obtained
     by_shape: dict[str, dict[str, float]] = field(default_factory=dict)  # measured: per size
     override: float | None = None  # --peak-tflops
+    checks: tuple[tuple[str, float], ...] = ()  # (when, TFLOP/s): the SPOT_SHAPE GEMM measured again
+
+    def checked(self, when: str, measure: Callable[[Capabilities, str], float] = spot_rate) -> "Peaks":
+        """These peaks with the host's rate on the cached SPOT_SHAPE GEMM of the MFU precision
+        measured again now (`when`: "start", "end"); unchanged on a GPU, under --peak-tflops, or
+        without that cached rate. A shared machine's rates move within a day (a bf16 2,048²
+        GEMM read 2.81 and 1.87 TFLOP/s on one Xeon on one day): a run says when its host was
+        slower than the cached peak, where every engine's MFU reads low."""
+        if self.capabilities.device_type != "cpu" or self.override is not None or self.cached_spot() is None:
+            return self
+        return replace(self, checks=(*self.checks, (when, measure(self.capabilities, self.mfu_precision))))
+
+    def cached_spot(self) -> float | None:
+        return self.by_shape.get(self.mfu_precision, {}).get(SPOT_SHAPE)
+
+    def slow_host(self) -> list[str]:
+        """A warning when a host check read under SLOW_HOST of the cached rate."""
+        cached = self.cached_spot()
+        slow = [(when, rate) for when, rate in self.checks if cached and rate < SLOW_HOST * cached]
+        if not slow:
+            return []
+        when, rate = min(slow, key=lambda c: c[1])
+        return [f"this host ran the {self.mfu_precision} {SPOT_SHAPE} GEMM at {rate / cached:.0%} of its cached rate "
+                f"at the run's {when} ({rate * 1e3:,.0f} vs {cached * 1e3:,.0f} GFLOP/s, {self.source.split(',')[0]}): "
+                f"a busy or throttled machine, where every engine's times read slow and its MFU low; compare "
+                f"engines within this run, not with a run on a quieter host"]
 
     @property
     def mfu_precision(self) -> str:
@@ -201,8 +245,11 @@ class Peaks:
         return f"{self.capabilities.name} has {what}{speed}; {faster} runs natively{tail}"
 
     def to_json(self) -> dict[str, object]:
+        cached = self.cached_spot()
         return {"tflops": self.mfu_tflops, "precision": self.mfu_precision, "why": self.why(),
                 "source": self.source, "rates_tflops": dict(self.rates), "by_shape": self.by_shape,
+                "host_checks": [{"when": when, "shape": SPOT_SHAPE, "tflops": rate,
+                                 "of_cached": rate / cached if cached else None} for when, rate in self.checks],
                 "capabilities": self.capabilities.facts()}
 
 

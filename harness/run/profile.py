@@ -89,11 +89,13 @@ def profile_scenario(scenario: Scenario, engine_name: str, requests: int, device
         kinds = {g: policy.gemm_kind(g) for g in ("qkv", "o", "gate_up", "down")} if policy is not None else {}
     finally:
         engine.stop()
-    peak = device_peaks(device)
+    peak = device_peaks(device).checked("end")  # a note when the host ran slower than its cached peak
     events = prof.events()
     fused_head = any(FUSED_HEAD in e.name for e in events)
     work = _work(shape, items[warm:], dtype, peak.rates.get(dtype, peak.mfu_tflops), fused_head, kinds)
-    return _profile(scenario.name, spec.title, device, events, walls, stages, work)
+    out = _profile(scenario.name, spec.title, device, events, walls, stages, work)
+    out.notes += peak.slow_host()
+    return out
 
 
 async def _answer(engine, reqs) -> tuple[list[float], list[dict[str, float]]]:

@@ -78,6 +78,7 @@ class RunResult:
     @property
     def warnings(self) -> list[str]:
         out = []
+        out += self.peaks.slow_host()
         for er in self.engines:
             out += emulation_warnings(er, self.peaks)
             out += er.warnings()
@@ -188,7 +189,7 @@ def run_scenario(scenario: Scenario, ov: Overrides, *, base_dir: Path | None = N
     shape = model_shape(model_dir)
     if ov.peak_tflops is None:
         log("measuring the device's peak rates per precision (cached after the first time) ...")
-    peaks = device_peaks(device, override=ov.peak_tflops)
+    peaks = device_peaks(device, override=ov.peak_tflops).checked("start")
     result = RunResult(scenario, model_dir, device, peaks, notes, plan=plan)
     if plan.swept:
         log(f"sweep: {len(plan.cells)} cells ({'; '.join(c.label for c in plan.cells)}) x {len(load_mode(load).levels(load))} "
@@ -207,5 +208,7 @@ def run_scenario(scenario: Scenario, ov: Overrides, *, base_dir: Path | None = N
     except KeyboardInterrupt:
         result.interrupted = True
         log("interrupted: keeping what was measured")
+    if not result.interrupted:
+        result.peaks = result.peaks.checked("end")
     attach_recall(result.engines)
     return result

@@ -112,3 +112,34 @@ def test_measured_with_malloc_held_as_the_engine_runs(monkeypatch):
     held = 0 if memory._mallopt() is None else 1  # glibc only
     assert holders and all(h == before + held for h in holders)
     assert memory._holders == before
+
+
+def test_a_run_says_when_its_host_was_slower_than_the_cached_peak(cache):
+    rates = {"float32": {peak.SPOT_SHAPE: 0.32}, "bfloat16": {peak.SPOT_SHAPE: 0.064}}
+    p = cpu_peaks(ICE_LAKE, measure=lambda caps: rates)
+    asked = []
+    slow = p.checked("start", measure=lambda caps, dtype: asked.append(dtype) or 0.16).checked(
+        "end", measure=lambda caps, dtype: 0.30)
+    assert asked == ["float32"]  # the MFU precision's cached shape, measured again
+    assert slow.mfu_tflops == p.mfu_tflops  # the denominator stays the cached peak
+    (warning,) = slow.slow_host()
+    assert "float32 2048 square GEMM at 50% of its cached rate at the run's start (160 vs 320 GFLOP/s" in warning
+    checks = slow.to_json()["host_checks"]
+    assert [(c["when"], c["tflops"], c["of_cached"]) for c in checks] == [("start", 0.16, 0.5),
+                                                                          ("end", 0.30, pytest.approx(0.9375))]
+    fair = p.checked("start", measure=lambda caps, dtype: 0.29)  # 91 %: within a shared machine's noise
+    assert fair.slow_host() == [] and len(fair.checks) == 1
+
+
+def test_no_host_check_without_a_cached_rate_to_compare(cache):
+    no = lambda caps, dtype: pytest.fail("measured")  # noqa: E731
+    assert device_peaks("cpu", caps=ICE_LAKE, override=0.5).checked("start", measure=no).checks == ()
+    other = cpu_peaks(ZEN4, measure=lambda caps: ZEN4_RATES)  # no 2048-square entry
+    assert other.checked("start", measure=no).checks == ()
+    h200 = Capabilities("cuda", "NVIDIA H200", compute_capability=(9, 0))
+    assert device_peaks("cuda", caps=h200).checked("start", measure=no).checks == ()
+
+
+def test_the_host_check_measures_the_cached_shape_on_this_cpu(monkeypatch):
+    monkeypatch.setattr(peak, "gemm_shapes", lambda: {peak.SPOT_SHAPE: (64, 128, 256)})
+    assert peak.spot_rate(Capabilities("cpu", "this"), "float32", seconds=0.01) > 0

@@ -151,7 +151,7 @@ def test_an_int8_plan_over_100_percent_does_not_blame_the_peak():
 
     int8 = Description("bounded", "cpu", "bfloat16", Precision("bfloat16", "bfloat16 + int8 [down]", low_precision=True))
     sc = load_scenario(SCENARIOS / "smoke_prefill.yaml")
-    peaks = SimpleNamespace(mfu_tflops=0.4, why=lambda: "measured", emulated=lambda d: None)
+    peaks = SimpleNamespace(mfu_tflops=0.4, why=lambda: "measured", emulated=lambda d: None, slow_host=lambda: [])
     point = lambda: SimpleNamespace(metrics=SimpleNamespace(mfu=1.13, ok=5, p99_estimate=False))  # noqa: E731
     result = RunResult(sc, "m", "cpu", peaks)
     result.engines.append(EngineRun("bounded-int8", describe=int8))
