@@ -14,7 +14,7 @@ import harness
 from harness.workload.presets import cache_root
 from engines import toolchain
 from engines.hardware import FLOAT_DTYPES, probe
-from harness.device.peak import PRECISIONS, cpu_peaks, device_peaks, is_cached
+from harness.device.peak import PRECISIONS, SPOT_SHAPE, cpu_peaks, device_peaks, is_cached
 
 
 def _version(pkg: str) -> str:
@@ -83,6 +83,17 @@ def device_lines(device: str, measure: bool, caps=None) -> Iterator[tuple[str, s
         elif prec != "float8":
             yield f"{device} {prec}", "not native here, not measured" if prec == "float16" else "none"
     yield f"{device} peak", peaks.source
+    if caps.device_type == "cpu" and not measure and peaks.cached_spot() is not None:
+        yield f"{device} now", host_now_line(peaks.checked("now"))
+
+
+def host_now_line(peaks) -> str:
+    """The cached SPOT_SHAPE rate measured again now (Peaks.checked), against the cached one."""
+    rate, cached = peaks.checks[-1][1], peaks.cached_spot()
+    line = f"{peaks.mfu_precision} {SPOT_SHAPE} GEMM {rate * 1e3:,.0f} GFLOP/s, {rate / cached:.0%} of the cached rate"
+    if peaks.slow_host():
+        line += ": busy or throttled now, so runs read slow and MFU low (refresh the peak on a quiet machine only)"
+    return line
 
 
 IDLE_MIB = 16

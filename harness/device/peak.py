@@ -183,7 +183,7 @@ class Peaks:
     override: float | None = None  # --peak-tflops
     checks: tuple[tuple[str, float], ...] = ()  # (when, TFLOP/s): the SPOT_SHAPE GEMM measured again
 
-    def checked(self, when: str, measure: Callable[[Capabilities, str], float] = spot_rate) -> "Peaks":
+    def checked(self, when: str, measure: Callable[[Capabilities, str], float] | None = None) -> "Peaks":
         """These peaks with the host's rate on the cached SPOT_SHAPE GEMM of the MFU precision
         measured again now (`when`: "start", "end"); unchanged on a GPU, under --peak-tflops, or
         without that cached rate. A shared machine's rates move within a day (a bf16 2,048²
@@ -191,7 +191,8 @@ class Peaks:
         slower than the cached peak, where every engine's MFU reads low."""
         if self.capabilities.device_type != "cpu" or self.override is not None or self.cached_spot() is None:
             return self
-        return replace(self, checks=(*self.checks, (when, measure(self.capabilities, self.mfu_precision))))
+        rate = (measure or spot_rate)(self.capabilities, self.mfu_precision)
+        return replace(self, checks=(*self.checks, (when, rate)))
 
     def cached_spot(self) -> float | None:
         return self.by_shape.get(self.mfu_precision, {}).get(SPOT_SHAPE)

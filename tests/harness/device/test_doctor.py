@@ -24,3 +24,18 @@ def test_idle_memory_line_says_when_the_machine_slows_after_idle():
     assert idle_memory_line(0.7, 1.0) == f"{IDLE_MIB} MiB read in 0.70 ms hot, 1.00 ms after {IDLE_GAP_S:g} s idle"
     slow = idle_memory_line(0.5, 30.0)
     assert "(60x): this machine slows after idle gaps" in slow and slow.startswith(f"{IDLE_MIB} MiB read in 0.50 ms")
+
+
+def test_doctor_says_how_fast_the_host_runs_the_cached_gemm_now(tmp_path, monkeypatch):
+    import harness.device.peak as peak
+    from harness.device import doctor
+    from tests.engines.test_hardware import ICE_LAKE
+
+    monkeypatch.setenv("BOUNDED_BENCH_CACHE", str(tmp_path))
+    peak.cpu_peaks(ICE_LAKE, measure=lambda caps: {"float32": {peak.SPOT_SHAPE: 0.32}})
+    monkeypatch.setattr(peak, "spot_rate", lambda caps, dtype, seconds=0.2: 0.16)
+    lines = dict(doctor.device_lines("cpu", measure=False, caps=ICE_LAKE))
+    now = lines["cpu now"]
+    assert now.startswith("float32 2048 square GEMM 160 GFLOP/s, 50% of the cached rate: busy or throttled now")
+    monkeypatch.setattr(peak, "spot_rate", lambda caps, dtype, seconds=0.2: 0.31)
+    assert dict(doctor.device_lines("cpu", measure=False, caps=ICE_LAKE))["cpu now"].endswith("97% of the cached rate")
