@@ -187,7 +187,7 @@ class Peaks:
         """These peaks with the host's rate on the cached SPOT_SHAPE GEMM of the MFU precision
         measured again now (`when`: "start", "end"); unchanged on a GPU, under --peak-tflops, or
         without that cached rate. A shared machine's rates move within a day (a bf16 2,048²
-        GEMM read 2.81 and 1.87 TFLOP/s on one Xeon on one day): a run says when its host was
+        GEMM read 2.49 and 1.87 TFLOP/s on one Xeon on one day): a run says when its host was
         slower than the cached peak, where every engine's MFU reads low."""
         if self.capabilities.device_type != "cpu" or self.override is not None or self.cached_spot() is None:
             return self
