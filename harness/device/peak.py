@@ -19,12 +19,13 @@ import json
 import os
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import Callable, TypeVar
 
 from engines.hardware import FLOAT_DTYPES, Capabilities, onednn_int8_exact, onednn_packs_bf16, probe
 from harness.workload.presets import PRESETS, cache_root
 
 PRECISIONS = (*FLOAT_DTYPES, "int8")
+T = TypeVar("T")
 VERSION = 3  # bump when what is measured changes: older cache entries are then remeasured
 
 # dense TFLOP/s by substring of the device name: (bf16/fp16 tensor cores, fp32 without TF32)
@@ -121,9 +122,13 @@ def int8_linear(x, w) -> Callable[[], object]:
 
 def measure_cpu(caps: Capabilities, seconds: float = 0.25) -> dict[str, dict[str, float]]:
     """{precision: {shape label: TFLOP/s (int8: TOP/s)}}; fp16 only where native (an
-    emulated fp16 GEMM on a CPU runs at ~1 GFLOP/s: minutes at these sizes).
+    emulated fp16 GEMM on a CPU runs at ~1 GFLOP/s: minutes at these sizes); measured as
+    the engine runs (_as_engine_runs)."""
+    return _as_engine_runs(lambda: _measure_cpu(caps, seconds))
 
-    Measured with malloc set as the bounded engine runs (engines/bounded/runtime/memory.py):
+
+def _as_engine_runs(measure: Callable[[], T]) -> T:
+    """`measure()` with malloc set as the bounded engine runs (engines/bounded/runtime/memory.py):
     otherwise each call's output over glibc's mmap threshold is mapped afresh and faulted in
     page by page, which is the kernel's time, not the GEMM's (an int8 [1,440, 1,024] x
     [1,024, 6,144] with its 35 MB float32 output read 1.2 TOP/s that way on a Xeon with AMX,
@@ -134,7 +139,7 @@ def measure_cpu(caps: Capabilities, seconds: float = 0.25) -> dict[str, dict[str
 
     held = memory.keep_freed_memory()
     try:
-        return on_own_thread(lambda: _measure_cpu(caps, seconds))
+        return on_own_thread(measure)
     finally:
         held.release()
 
@@ -159,16 +164,9 @@ SLOW_HOST = 0.85  # a host check under this share of the cached rate is reported
 
 def spot_rate(caps: Capabilities, dtype: str, seconds: float = 0.2) -> float:
     """TFLOP/s of the SPOT_SHAPE GEMM of `dtype` on this host now: the best of ~`seconds` of
-    calls, measured as the cached rates are (measure_cpu)."""
-    from engines.bounded.runtime import memory
-    from engines.hardware import on_own_thread
-
+    calls, measured as the cached rates are (_as_engine_runs)."""
     m, k, n = gemm_shapes()[SPOT_SHAPE]
-    held = memory.keep_freed_memory()
-    try:
-        return on_own_thread(lambda: max(_best_rate(fn, 2.0 * m * k * n, seconds) for fn in float_gemms(dtype, m, k, n)))
-    finally:
-        held.release()
+    return _as_engine_runs(lambda: max(_best_rate(fn, 2.0 * m * k * n, seconds) for fn in float_gemms(dtype, m, k, n)))
 
 
 @dataclass(frozen=True)
