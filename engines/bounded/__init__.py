@@ -13,3 +13,7 @@ down only):
 """
 
 __version__ = "0.1.0"
+
+from engines.bounded.runtime.hugepages import advise_torch_allocations
+
+advise_torch_allocations()  # before the engine's tensors exist: large ones on 2 MB pages

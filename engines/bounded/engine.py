@@ -27,7 +27,7 @@ from engines.bounded.model.families import read_model_config
 from engines.bounded.model.precision import PrecisionPolicy, choose_dtype
 from engines.bounded.options import BoundedOptions, OptionError
 from engines.bounded.plan import plan
-from engines.bounded.runtime import memory
+from engines.bounded.runtime import hugepages, memory
 from engines.bounded.tasks.base import Task
 from engines.bounded.tasks.batcher import Batcher, Pending
 from engines.bounded.tasks import gate
@@ -68,6 +68,7 @@ class BoundedEngine(Engine):
         self._batchers: dict[str, Batcher] = {}
         self._started = False
         self._memory = memory.Held(False)
+        self.huge_pages = hugepages.Backing(note="not started")
 
     @classmethod
     def check_options(cls, options: dict[str, Any]) -> None:
@@ -131,6 +132,9 @@ class BoundedEngine(Engine):
             self._batchers = {}
             self._memory.release()
             raise
+        if torch.device(self.config.device).type == "cpu":  # loaded and warm: onto 2 MB pages (runtime/hugepages.py)
+            self.huge_pages = hugepages.back_with_huge_pages()
+            _log(self.huge_pages.line())
         self._started = True
         self.start_s = time.perf_counter() - t0
 
@@ -185,6 +189,7 @@ class BoundedEngine(Engine):
                        "max_decode_steps": b.max_decode_steps, "max_query_tokens": b.max_query_tokens,
                        "max_item_tokens": b.max_item_tokens, "on_violation": b.on_violation},
             "batching": {"max_wait_ms": self.options.max_wait_ms},
+            "memory": self.huge_pages.line(),
             "serves": list(self.tasks),
             **{kind: task.describe() for kind, task in self.tasks.items()},
             "stats": dict(self.stats),

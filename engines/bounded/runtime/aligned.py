@@ -12,7 +12,9 @@ more (its GEMMs copy the weights into their own layout first).
 `aligned_constants()`, around a CPU package's compile, links its shared object with
 `-Wl,--wrap=malloc` and a small object whose `__wrap_malloc` serves blocks of 1 MB and more
 from `posix_memalign(64)` (free() takes them back as any other): only that shared object's
-own calls change, and only those the runtime makes (the constants' block among them).
+own calls change, and only those the runtime makes (the constants' block among them). A block
+of 2 MB and more starts on a 2 MB boundary and is advised to take huge pages before its first
+touch (MADV_HUGEPAGE), so the weights are copied in onto 2 MB pages (hugepages.py says why).
 Elsewhere than Linux with a GNU-compatible compiler, or when the object cannot be built,
 the package links as before (`status()` says why) and runs as before, unaligned.
 `BOUNDED_ALIGNED=0` links as before too (to compare the two: the package cache key says
@@ -33,14 +35,17 @@ from typing import Any, Callable, Iterator, Optional
 SOURCE = r"""
 // engines/bounded/runtime/aligned.py: __wrap_malloc of an AOTInductor package's shared object
 #include <stdlib.h>
+#include <sys/mman.h>
 extern "C" void* __real_malloc(size_t n);
 extern "C" __attribute__((visibility("hidden"))) void* __wrap_malloc(size_t n) {
+  const size_t huge = (size_t)2 << 20;
   if (n < ((size_t)1 << 20)) return __real_malloc(n);
   void* p = nullptr;
-  return posix_memalign(&p, 64, n) == 0 ? p : nullptr;
+  if (posix_memalign(&p, n >= huge ? huge : 64, n) != 0) return nullptr;
+  if (n >= huge) madvise(p, n / huge * huge, MADV_HUGEPAGE);  /* before the first touch (hugepages.py) */
+  return p;
 }
-"""
-# what the compile's link line gains (the object's path after it)
+"""# what the compile's link line gains (the object's path after it)
 LINK_FLAGS = "-Wl,--wrap=malloc"
 
 _lock = threading.Lock()
@@ -52,13 +57,17 @@ _status = "not built yet"
 def _object_path() -> Path:
     from engines.bounded.runtime.aot import cache_root
 
-    digest = hashlib.sha256(SOURCE.encode()).hexdigest()[:16]
-    return cache_root().parent / "native" / f"aligned_malloc-{digest}.o"
+    return cache_root().parent / "native" / f"aligned_malloc-{form() or 'off'}.o"
 
 
 def enabled() -> bool:
     """Are CPU packages to be linked with the wrap (not turned off by BOUNDED_ALIGNED=0)?"""
     return os.environ.get("BOUNDED_ALIGNED", "1") != "0"
+
+
+def form() -> str:
+    """Which wrap a package links (its cache key's part): the source's digest, "" for none."""
+    return hashlib.sha256(SOURCE.encode()).hexdigest()[:16] if enabled() else ""
 
 
 def build_object(log: Callable[[str], None] = print) -> Optional[Path]:

@@ -65,7 +65,7 @@ class CompileKey:
     attention: str = "per_sequence"  # the packed prefill's attention (kernels/attention.py)
     native: bool = False  # the native CPU kernels were loaded (kernels/native.py): the graphs call them
     step_attention: str = ""  # a beam decode step's attention (programs/beam.STEP_ATTENTIONS); "": no step
-    aligned: bool = field(default_factory=aligned.enabled)  # a CPU package's weights on cache lines (aligned.py)
+    aligned: str = field(default_factory=aligned.form)  # the wrap placing a CPU package's weights (aligned.py)
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]

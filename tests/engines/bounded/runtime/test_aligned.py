@@ -13,7 +13,7 @@ import zipfile
 import pytest
 import torch
 
-from engines.bounded.runtime import aligned, aot
+from engines.bounded.runtime import aligned, aot, hugepages
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or shutil.which("nm") is None,
                                 reason="the wrap is linked on Linux (and read back with nm)")
@@ -42,6 +42,37 @@ def test_the_wrap_serves_large_blocks_on_cache_lines(cache):
     # glibc alone puts a mapped block 16 bytes past its page and a heap block on 16 bytes
     assert all(offset_of(n) == 0 for n in (1 << 20, (3 << 20) + 5, 200 << 20))
     assert all(offset_of(n) % 16 == 0 for n in (24, 4096, (1 << 20) - 1))  # small ones: malloc's own
+
+
+def test_the_wrap_puts_blocks_of_2_mb_and_more_on_advised_huge_page_boundaries(cache):
+    obj = aligned.build_object(log=lambda _: None)
+    assert obj is not None, aligned.status()
+    probe = cache / "probe_huge.cpp"
+    probe.write_text('#include <stdlib.h>\n#include <stdint.h>\n'
+                     'extern "C" uint64_t keep(size_t n) { return (uintptr_t)malloc(n); }\n')
+    from torch._inductor.cpp_builder import get_cpp_compiler
+
+    lib = cache / "probe_huge.so"
+    subprocess.run([get_cpp_compiler(), "-shared", "-fPIC", str(probe), "-o", str(lib), aligned.LINK_FLAGS, str(obj)],
+                   check=True, capture_output=True)
+    keep = ctypes.CDLL(str(lib)).keep
+    keep.restype, keep.argtypes = ctypes.c_uint64, [ctypes.c_size_t]
+    huge, small = keep((6 << 20) + 100), keep(1 << 20)
+    assert huge % (2 << 20) == 0 and small % 64 == 0
+    holding = [m for m in hugepages.mappings() if m.start <= huge < m.end]
+    assert holding and "hg" in _vm_flags(holding[0].start)  # MADV_HUGEPAGE: its faults take 2 MB pages
+
+
+def _vm_flags(start: int) -> list[str]:
+    """The VmFlags of this process's mapping that starts at `start` (smaps)."""
+    found = False
+    for line in open("/proc/self/smaps"):
+        fields = line.split()
+        if fields and not fields[0].endswith(":"):
+            found = int(fields[0].split("-")[0], 16) == start
+        elif found and fields[0] == "VmFlags:":
+            return fields[1:]
+    return []
 
 
 def test_only_an_aot_shared_objects_link_line_changes(cache):
