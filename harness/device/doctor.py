@@ -35,7 +35,8 @@ def report(measure: bool = False) -> Iterator[tuple[str, str]]:
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     for device in devices:
         yield from device_lines(device, measure)
-    yield "cpu idle memory", idle_memory_line(*idle_memory())
+    hot, idle = idle_memory()
+    yield "cpu idle memory", idle_memory_line(hot, idle, huge_idle_ms=idle_memory(huge=True)[1])
     if not torch.cuda.is_available():
         yield "gpu", "none"
     yield "cache", str(cache_root())
@@ -101,16 +102,29 @@ IDLE_GAP_S = 0.5
 IDLE_SLOW = 3.0  # after the gap, this many times slower: say it is the machine's
 
 
-def idle_memory(mib: int = IDLE_MIB, gap_s: float = IDLE_GAP_S, repeats: int = 3) -> tuple[float, float]:
+def idle_memory(mib: int = IDLE_MIB, gap_s: float = IDLE_GAP_S, repeats: int = 3,
+                huge: bool = False) -> tuple[float, float]:
     """(ms to read `mib` MiB it has just read, ms to read them after `gap_s` s idle), medians
-    of `repeats`. On a VM whose host reclaims or demotes memory left idle (this project's
-    machines, 2026-12-07: 16 MiB read in ~1 ms hot, tens to hundreds of ms after 0.5-2 s)
-    every request after an idle gap pays that, whatever the engine: a Poisson load at a low
-    rate then measures the machine waking, not the load (`bench run` warns where latency rose
-    as the rate fell)."""
+    of `repeats`, on 4 KB pages (or, `huge`, advised onto 2 MB ones). On a VM whose 4 KB pages
+    left untouched a while cost a nested page walk each (this project's machines, 2026-12-07:
+    16 MiB read in ~1 ms hot, tens to hundreds of ms after 0.5-2 s; on 2 MB pages a fraction
+    of that) every request after an idle gap pays that for the memory it touches on 4 KB pages:
+    a Poisson load at a low rate then measures the machine waking, not the load (`bench run`
+    warns where latency rose as the rate fell). The bounded engine keeps its memory on 2 MB
+    pages (engines/bounded/runtime/hugepages.py)."""
+    import mmap
+
     import torch
 
-    x = torch.arange(mib << 18, dtype=torch.float32)  # `mib` MiB, no two pages alike
+    huge_page = 2 << 20
+    buf = mmap.mmap(-1, (mib << 20) + huge_page, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    advice = getattr(mmap, "MADV_HUGEPAGE" if huge else "MADV_NOHUGEPAGE", None)
+    if advice is not None:  # Linux: the page size asked for, whatever the system's default
+        buf.madvise(advice)
+    whole = torch.frombuffer(buf, dtype=torch.uint8)
+    start = -whole.data_ptr() % huge_page  # the first whole huge page
+    x = whole[start:start + (mib << 20)].view(torch.float32)
+    x.copy_(torch.arange(x.numel(), dtype=torch.float32))  # no two pages alike
 
     def read() -> float:
         t = time.perf_counter()
@@ -123,14 +137,20 @@ def idle_memory(mib: int = IDLE_MIB, gap_s: float = IDLE_GAP_S, repeats: int = 3
     for _ in range(repeats):
         time.sleep(gap_s)
         idle.append(read())
+    del whole, x
+    buf.close()
     return hot, statistics.median(idle)
 
 
-def idle_memory_line(hot_ms: float, idle_ms: float, mib: int = IDLE_MIB, gap_s: float = IDLE_GAP_S) -> str:
+def idle_memory_line(hot_ms: float, idle_ms: float, mib: int = IDLE_MIB, gap_s: float = IDLE_GAP_S,
+                     huge_idle_ms: float | None = None) -> str:
     line = f"{mib} MiB read in {hot_ms:.2f} ms hot, {idle_ms:.2f} ms after {gap_s:g} s idle"
+    huge = "" if huge_idle_ms is None else f"{huge_idle_ms:.2f} ms on 2 MB pages"
     if idle_ms > IDLE_SLOW * hot_ms:
-        line += (f" ({idle_ms / hot_ms:.0f}x): this machine slows after idle gaps; requests at low rates "
-                 "(Poisson, the SLO search's lower probes) pay it whatever the engine")
+        line += (f" ({idle_ms / hot_ms:.0f}x{'; ' + huge if huge else ''}): this machine slows after idle gaps; "
+                 "requests at low rates (Poisson, the SLO search's lower probes) pay it for memory on 4 KB pages")
+    elif huge:
+        line += f" ({huge})"
     return line
 
 

@@ -16,14 +16,18 @@ def test_doctor_names_each_toolchain_check():
 
 
 def test_idle_memory_reads_hot_then_after_a_gap():
-    hot, idle = idle_memory(mib=1, gap_s=0.01, repeats=2)
-    assert 0 < hot < 1e4 and 0 < idle < 1e4
+    for huge in (False, True):
+        hot, idle = idle_memory(mib=1, gap_s=0.01, repeats=2, huge=huge)
+        assert 0 < hot < 1e4 and 0 < idle < 1e4
 
 
 def test_idle_memory_line_says_when_the_machine_slows_after_idle():
     assert idle_memory_line(0.7, 1.0) == f"{IDLE_MIB} MiB read in 0.70 ms hot, 1.00 ms after {IDLE_GAP_S:g} s idle"
     slow = idle_memory_line(0.5, 30.0)
     assert "(60x): this machine slows after idle gaps" in slow and slow.startswith(f"{IDLE_MIB} MiB read in 0.50 ms")
+    both = idle_memory_line(0.5, 30.0, huge_idle_ms=1.25)
+    assert f"30.00 ms after {IDLE_GAP_S:g} s idle (60x; 1.25 ms on 2 MB pages): this machine slows" in both
+    assert idle_memory_line(0.7, 1.0, huge_idle_ms=0.8).endswith(f"1.00 ms after {IDLE_GAP_S:g} s idle (0.80 ms on 2 MB pages)")
 
 
 def test_doctor_says_how_fast_the_host_runs_the_cached_gemm_now(tmp_path, monkeypatch):
