@@ -45,7 +45,8 @@ extern "C" __attribute__((visibility("hidden"))) void* __wrap_malloc(size_t n) {
   if (n >= huge) madvise(p, n / huge * huge, MADV_HUGEPAGE);  /* before the first touch (hugepages.py) */
   return p;
 }
-"""# what the compile's link line gains (the object's path after it)
+"""
+# what the compile's link line gains (the object's path after it)
 LINK_FLAGS = "-Wl,--wrap=malloc"
 
 _lock = threading.Lock()

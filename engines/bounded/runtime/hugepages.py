@@ -11,11 +11,11 @@ once a request, a request apart. The request check of prefill_15 (1.4 ms alone) 
 inside the engine, and the beam head's 272 MB weight stream 31-33 ms a call on 4 KB pages
 against 24-26 on 2 MB ones.
 
-`advise_torch_allocations()` (on importing engines.bounded) has torch's CPU allocator place
-every block of 2 MB and more on a 2 MB boundary, advised to take huge pages before its first
-touch (torch's THP_MEM_ALLOC_ENABLE; read at the process's first such block, so a process that
-made one before keeps 4 KB pages for its tensors); the AOT packages' weights get the same from
-aligned.py. `back_with_huge_pages()` (the engine's start calls it, once everything is loaded and warmed up)
+`advise_torch_allocations()` (on importing engines.bounded) has torch's CPU allocator advise
+every block of 2 MB and more to take huge pages before its first touch (torch's
+THP_MEM_ALLOC_ENABLE, read at the process's first such block: a process that made one before
+keeps 4 KB pages for its tensors until the sweep below); the AOT packages' weights get the
+same from aligned.py. `back_with_huge_pages()` (the engine's start calls it, once all is loaded and warm)
 advises every dense private anonymous mapping of the process (weights, the malloc arenas'
 heaps the engine keeps, runtime/memory.py; tensors; Python's object arenas) to take huge
 pages (MADV_HUGEPAGE: its later faults) and collapses the pages it has now (MADV_COLLAPSE,
@@ -45,7 +45,7 @@ THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 @dataclass(frozen=True)
 class Backing:
     collapsed: int = 0  # bytes now on huge pages (collapsed here, or already)
-    refused: int = 0  # bytes the kernel would not collapse (e.g. too little memory free)
+    refused: int = 0  # bytes the kernel would not collapse (a mapping it refuses; too little memory free)
     seconds: float = 0.0
     note: str = ""  # why nothing was done, where it was not
 
@@ -121,9 +121,19 @@ def _why_not() -> str:
 
 
 def advise_torch_allocations() -> None:
-    """torch's large CPU blocks on huge pages from their first touch (unless turned off, or set)."""
-    if not _why_not():
-        os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+    """torch's large CPU blocks on huge pages from their first touch (unless turned off, or
+    set already). torch reads THP_MEM_ALLOC_ENABLE once, at its first such block: one is made
+    here with it set, and the environment is put back, so the servers of other engines that
+    this process starts do not inherit it."""
+    if _why_not() or "THP_MEM_ALLOC_ENABLE" in os.environ:
+        return
+    import torch
+
+    os.environ["THP_MEM_ALLOC_ENABLE"] = "1"
+    try:
+        torch.empty(HUGE, dtype=torch.uint8)
+    finally:
+        del os.environ["THP_MEM_ALLOC_ENABLE"]
 
 
 def back_with_huge_pages() -> Backing:

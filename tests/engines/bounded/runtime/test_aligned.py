@@ -25,38 +25,31 @@ def cache(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_the_wrap_serves_large_blocks_on_cache_lines(cache):
+def _linked(cache, name: str, body: str):
+    """`extern "C" uint64_t name(size_t n) { body }` in a shared object linked with the wrap."""
     obj = aligned.build_object(log=lambda _: None)
     assert obj is not None and obj.is_file(), aligned.status()
-    probe = cache / "probe.cpp"
-    probe.write_text('#include <stdlib.h>\n#include <stdint.h>\n'
-                     'extern "C" uint64_t offset_of(size_t n) { void* p = malloc(n); uint64_t r = (uintptr_t)p % 64;'
-                     ' free(p); return r; }\n')
+    probe = cache / f"{name}.cpp"
+    probe.write_text(f'#include <stdlib.h>\n#include <stdint.h>\nextern "C" uint64_t {name}(size_t n) {{ {body} }}\n')
     from torch._inductor.cpp_builder import get_cpp_compiler
 
-    lib = cache / "probe.so"
+    lib = cache / f"{name}.so"
     subprocess.run([get_cpp_compiler(), "-shared", "-fPIC", str(probe), "-o", str(lib), aligned.LINK_FLAGS, str(obj)],
                    check=True, capture_output=True)
-    offset_of = ctypes.CDLL(str(lib)).offset_of
-    offset_of.restype, offset_of.argtypes = ctypes.c_uint64, [ctypes.c_size_t]
+    fn = getattr(ctypes.CDLL(str(lib)), name)
+    fn.restype, fn.argtypes = ctypes.c_uint64, [ctypes.c_size_t]
+    return fn
+
+
+def test_the_wrap_serves_large_blocks_on_cache_lines(cache):
+    offset_of = _linked(cache, "offset_of", "void* p = malloc(n); uint64_t r = (uintptr_t)p % 64; free(p); return r;")
     # glibc alone puts a mapped block 16 bytes past its page and a heap block on 16 bytes
     assert all(offset_of(n) == 0 for n in (1 << 20, (3 << 20) + 5, 200 << 20))
     assert all(offset_of(n) % 16 == 0 for n in (24, 4096, (1 << 20) - 1))  # small ones: malloc's own
 
 
 def test_the_wrap_puts_blocks_of_2_mb_and_more_on_advised_huge_page_boundaries(cache):
-    obj = aligned.build_object(log=lambda _: None)
-    assert obj is not None, aligned.status()
-    probe = cache / "probe_huge.cpp"
-    probe.write_text('#include <stdlib.h>\n#include <stdint.h>\n'
-                     'extern "C" uint64_t keep(size_t n) { return (uintptr_t)malloc(n); }\n')
-    from torch._inductor.cpp_builder import get_cpp_compiler
-
-    lib = cache / "probe_huge.so"
-    subprocess.run([get_cpp_compiler(), "-shared", "-fPIC", str(probe), "-o", str(lib), aligned.LINK_FLAGS, str(obj)],
-                   check=True, capture_output=True)
-    keep = ctypes.CDLL(str(lib)).keep
-    keep.restype, keep.argtypes = ctypes.c_uint64, [ctypes.c_size_t]
+    keep = _linked(cache, "keep", "return (uintptr_t)malloc(n);")
     huge, small = keep((6 << 20) + 100), keep(1 << 20)
     assert huge % (2 << 20) == 0 and small % 64 == 0
     holding = [m for m in hugepages.mappings() if m.start <= huge < m.end]

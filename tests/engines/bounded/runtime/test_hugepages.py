@@ -3,6 +3,7 @@ and unsupported paths, and a real collapse of a dense anonymous mapping of this 
 from __future__ import annotations
 
 import mmap
+import os
 import sys
 
 import pytest
@@ -41,7 +42,8 @@ def test_only_private_anonymous_writable_mappings_are_advisable(tmp_path):
     assert got[0].resident == 9000 << 10 and got[0].end - got[0].start == 10 << 20
     # the heap starts 4 KB past a huge page: its whole huge pages are the two after
     assert got[5].huge_range() == (0x55D000200000, 0x55D000400000)
-    assert Mapping(0x1000, 0x200000, 0, True).huge_range()[1] <= Mapping(0x1000, 0x200000, 0, True).huge_range()[0]
+    a, b = Mapping(0x1000, 0x200000, 0, True).huge_range()
+    assert b <= a  # no whole huge page inside
 
 
 def test_turned_off_it_does_nothing_and_says_so(monkeypatch):
@@ -53,6 +55,22 @@ def test_turned_off_it_does_nothing_and_says_so(monkeypatch):
     import os
 
     assert "THP_MEM_ALLOC_ENABLE" not in os.environ
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or hugepages.thp_mode() in (None, "never"),
+                    reason="needs Linux with transparent huge pages")
+def test_torchs_large_blocks_take_huge_pages_and_the_environment_is_put_back():
+    import subprocess
+
+    code = ("import os, torch; from engines.bounded.runtime import hugepages as h; "
+            "h.advise_torch_allocations(); assert 'THP_MEM_ALLOC_ENABLE' not in os.environ; "
+            "x = torch.empty(64 << 20, dtype=torch.uint8); x.fill_(1); "
+            "m = [m for m in h.mappings() if m.start <= x.data_ptr() < m.end][0]; "
+            "print('hg' in open('/proc/self/smaps').read().split(hex(m.start)[2:] + '-')[1]"
+            ".split('VmFlags:')[1].split(chr(10))[0].split())")
+    env = {k: v for k, v in os.environ.items() if k not in ("THP_MEM_ALLOC_ENABLE", "BOUNDED_HUGEPAGES")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    assert out.split() == ["True"]  # its mapping advised to take huge pages (torch's own madvise)
 
 
 def test_without_transparent_huge_pages_it_says_why(monkeypatch, tmp_path):
