@@ -21,9 +21,10 @@ heaps the engine keeps, runtime/memory.py; tensors; Python's object arenas) to t
 pages (MADV_HUGEPAGE: its later faults) and collapses the pages it has now (MADV_COLLAPSE,
 Linux 6.1+, whatever the system's THP setting but "never"). Sparse mappings (thread stacks,
 reserved heap space: less than half resident) are left alone: collapsing would make them
-resident. It costs a copy of what it collapses, once (seconds for a 0.6B model's GBs), and at
-most 2 MB a mapping of memory. `BOUNDED_HUGEPAGES=0` turns it off; elsewhere than Linux, or
-where the kernel refuses, nothing changes and `Backing.note` says why.
+resident. It costs a copy of what it collapses, once (0-2.5 s at a 0.5B model's start here, its
+weights already on huge pages; 10-14 s when they were not), and at most 2 MB a mapping of
+memory. `BOUNDED_HUGEPAGES=0` turns it off; elsewhere than Linux, or where the kernel refuses,
+nothing changes and `Backing.note` says why.
 """
 from __future__ import annotations
 
