@@ -116,7 +116,8 @@ def idle_memory(mib: int = IDLE_MIB, gap_s: float = IDLE_GAP_S, repeats: int = 3
 
     import torch
 
-    huge_page = 2 << 20
+    from engines.bounded.runtime.hugepages import HUGE as huge_page
+
     buf = mmap.mmap(-1, (mib << 20) + huge_page, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     advice = getattr(mmap, "MADV_HUGEPAGE" if huge else "MADV_NOHUGEPAGE", None)
     if advice is not None:  # Linux: the page size asked for, whatever the system's default

@@ -4,10 +4,10 @@ On the machines this project runs on (Firecracker VMs on shared hosts), memory i
 that a core has not touched for a few hundred milliseconds costs far more than its bytes:
 every page is a nested page walk whose own entries have left the caches (another guest ran
 on the core meanwhile). Measured on a Xeon with AMX (2026-12-07, one process, alternated):
-3,000 lookups in a 200k-entry dict took 1.2-1.8 ms back to back and 3.4-49 ms after an idle
-0.8 s; summing 128 MB after 0.8 s idle took 50-106 ms on 4 KB pages and 9-10 ms on 2 MB
-pages. An engine is exactly such a process: its weights, buffers and Python objects are read
-once a request, a request apart. The request check of prefill_15 (1.4 ms alone) took 20-50 ms
+3,000 lookups in a 200k-entry dict took 1.2-2.3 ms back to back and 3.4-52 ms after an idle
+0.8 s; summing 128 MB took 50 ms after 0.2 s idle and 106 ms after 0.8 s on 4 KB pages, 9-10
+ms on 2 MB pages. An engine is exactly such a process: its weights, buffers and Python objects are read
+once a request, a request apart. The request check of prefill_15 (1.4 ms alone) took 19-49 ms
 inside the engine, and the beam head's 272 MB weight stream 31-33 ms a call on 4 KB pages
 against 24-26 on 2 MB ones.
 
@@ -61,8 +61,17 @@ class Backing:
 class Mapping:
     start: int
     end: int
-    resident: int
-    advisable: bool  # private, anonymous, writable, not marked no-huge-pages
+    perms: str  # smaps' "rw-p" ...
+    path: str  # "" for anonymous memory, "[heap]", a file, "[stack]" ...
+    resident: int = 0  # bytes (Rss)
+    huge: int = 0  # bytes on huge pages (AnonHugePages)
+    flags: tuple[str, ...] = ()  # VmFlags ("hg": advised huge, "nh": no huge pages)
+
+    @property
+    def advisable(self) -> bool:
+        """Private, anonymous, writable and not marked no-huge-pages."""
+        return (self.perms.startswith("rw") and self.perms[3:4] == "p" and self.path in ("", "[heap]")
+                and "nh" not in self.flags)
 
     def huge_range(self) -> tuple[int, int]:
         """The whole huge pages inside the mapping: [a, b), maybe empty."""
@@ -79,33 +88,30 @@ def thp_mode() -> Optional[str]:
 
 
 def mappings(smaps: str = "/proc/self/smaps") -> Iterator[Mapping]:
-    """This process's mappings, from smaps (header lines `start-end perms offset dev inode [path]`)."""
+    """This process's mappings, from smaps (header lines `start-end perms offset dev inode [path]`,
+    then `Field: value` lines)."""
     head: Optional[list[str]] = None
-    resident, flags = 0, ""
+    fields: dict[str, list[str]] = {}
     with open(smaps) as f:
         for line in f:
-            fields = line.split()
-            if not fields:
+            words = line.split()
+            if not words:
                 continue
-            if fields[0].endswith(":"):
-                if fields[0] == "Rss:":
-                    resident = int(fields[1]) << 10
-                elif fields[0] == "VmFlags:":
-                    flags = " ".join(fields[1:])
+            if words[0].endswith(":"):
+                fields[words[0]] = words[1:]
                 continue
             if head is not None:
-                yield _mapping(head, resident, flags)
-            head, resident, flags = fields, 0, ""
+                yield _mapping(head, fields)
+            head, fields = words, {}
     if head is not None:
-        yield _mapping(head, resident, flags)
+        yield _mapping(head, fields)
 
 
-def _mapping(head: list[str], resident: int, flags: str) -> Mapping:
+def _mapping(head: list[str], fields: dict[str, list[str]]) -> Mapping:
     lo, hi = (int(x, 16) for x in head[0].split("-"))
-    perms, path = head[1], head[5] if len(head) > 5 else ""
-    anonymous = path in ("", "[heap]")  # not a file, [stack], [vvar] ...
-    return Mapping(lo, hi, resident, perms.startswith("rw") and perms[3] == "p" and anonymous
-                   and "nh" not in flags.split())
+    kb = lambda name: int(fields.get(name, ["0"])[0]) << 10  # noqa: E731
+    return Mapping(lo, hi, head[1], head[5] if len(head) > 5 else "", kb("Rss:"), kb("AnonHugePages:"),
+                   tuple(fields.get("VmFlags:", ())))
 
 
 def _why_not() -> str:

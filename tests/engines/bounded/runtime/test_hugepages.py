@@ -42,7 +42,8 @@ def test_only_private_anonymous_writable_mappings_are_advisable(tmp_path):
     assert got[0].resident == 9000 << 10 and got[0].end - got[0].start == 10 << 20
     # the heap starts 4 KB past a huge page: its whole huge pages are the two after
     assert got[5].huge_range() == (0x55D000200000, 0x55D000400000)
-    a, b = Mapping(0x1000, 0x200000, 0, True).huge_range()
+    assert got[0].flags == ("rd", "wr", "mr", "mw", "me", "ac") and got[5].path == "[heap]"
+    a, b = Mapping(0x1000, 0x200000, "rw-p", "").huge_range()
     assert b <= a  # no whole huge page inside
 
 
@@ -52,8 +53,6 @@ def test_turned_off_it_does_nothing_and_says_so(monkeypatch):
     got = hugepages.back_with_huge_pages()
     assert got.collapsed == 0 and "BOUNDED_HUGEPAGES=0" in got.line()
     hugepages.advise_torch_allocations()
-    import os
-
     assert "THP_MEM_ALLOC_ENABLE" not in os.environ
 
 
@@ -65,9 +64,7 @@ def test_torchs_large_blocks_take_huge_pages_and_the_environment_is_put_back():
     code = ("import os, torch; from engines.bounded.runtime import hugepages as h; "
             "h.advise_torch_allocations(); assert 'THP_MEM_ALLOC_ENABLE' not in os.environ; "
             "x = torch.empty(64 << 20, dtype=torch.uint8); x.fill_(1); "
-            "m = [m for m in h.mappings() if m.start <= x.data_ptr() < m.end][0]; "
-            "print('hg' in open('/proc/self/smaps').read().split(hex(m.start)[2:] + '-')[1]"
-            ".split('VmFlags:')[1].split(chr(10))[0].split())")
+            "print('hg' in [m for m in h.mappings() if m.start <= x.data_ptr() < m.end][0].flags)")
     env = {k: v for k, v in os.environ.items() if k not in ("THP_MEM_ALLOC_ENABLE", "BOUNDED_HUGEPAGES")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
     assert out.split() == ["True"]  # its mapping advised to take huge pages (torch's own madvise)
@@ -97,20 +94,9 @@ def test_a_dense_anonymous_mapping_ends_up_on_huge_pages(monkeypatch):
     assert got.collapsed >= 6 * HUGE and got.seconds > 0
     import ctypes
 
-    huge = _anon_huge(ctypes.addressof(ctypes.c_char.from_buffer(buf)))
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    huge = next(m.huge for m in hugepages.mappings() if m.start <= addr < m.end)
     assert huge >= 6 * HUGE, huge  # the mapping's whole huge pages (it may start mid-page)
     assert buf[:16] == b"\x01" * 16 and buf[size - 16:] == b"\x01" * 16  # the contents kept
     buf.close()
 
-
-def _anon_huge(addr: int) -> int:
-    """AnonHugePages (bytes) of the mapping of this process holding `addr`."""
-    inside = False
-    for line in open("/proc/self/smaps"):
-        fields = line.split()
-        if fields and not fields[0].endswith(":"):
-            lo, hi = (int(x, 16) for x in fields[0].split("-"))
-            inside = lo <= addr < hi
-        elif inside and fields[0] == "AnonHugePages:":
-            return int(fields[1]) << 10
-    return 0
